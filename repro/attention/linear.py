@@ -1,0 +1,59 @@
+"""Linear attention (the paper's Section 3.2): sim(q, k) = phi(q)^T phi(k), so
+
+    V'_i = phi(Q_i)^T S / phi(Q_i)^T Z,  S = sum_j phi(K_j) V_j^T,  Z = sum_j phi(K_j),
+
+with the sums over j <= i when causal. Its recurrent twin carries (S, Z) from token to token.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels import causal_dot_product
+from .base import AttentionLayer
+from .feature_maps import EluFeatureMap
+
+
+def _acc(dtype):
+    # Sums over the sequence run in fp32 (fp64 for fp64): sum phi(K) overflows fp16 otherwise.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass
+class LinearState:
+    S: torch.Tensor  # (B, H, F, M)
+    Z: torch.Tensor  # (B, H, F)
+
+
+class LinearAttention(AttentionLayer):
+    recurrent = True
+
+    def __init__(self, d_model, n_heads, d_keys=None, d_values=None, feature_map=None, eps: float = 1e-6):
+        super().__init__(d_model, n_heads, d_keys, d_values)
+        self.feature_map = (feature_map or EluFeatureMap)(self.d_keys)
+        self.eps = eps
+
+    def attend(self, q, k, v, causal, key_padding_mask):
+        q, k = self.feature_map(q), self.feature_map(k)  # (B, H, N, F)
+        if key_padding_mask is not None:
+            k = k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
+        acc = _acc(q.dtype)
+        if causal:
+            num = causal_dot_product(q, k, v).to(acc)  # (B, H, N, M)
+            den = torch.einsum("bhnf,bhnf->bhn", q.to(acc), k.to(acc).cumsum(2))
+        else:
+            q, k, v = q.to(acc), k.to(acc), v.to(acc)
+            num = q @ (k.transpose(-1, -2) @ v)  # (B, H, N, F) @ (B, H, F, M)
+            den = (q @ k.sum(2)[..., None])[..., 0]  # (B, H, N)
+        return (num / (den[..., None] + self.eps)).to(v.dtype)
+
+    def attend_step(self, q, k, v, state: LinearState | None):
+        q, k = self.feature_map(q), self.feature_map(k)  # (B, H, F)
+        dtype, acc = v.dtype, _acc(q.dtype)
+        q, k, v = q.to(acc), k.to(acc), v.to(acc)
+        if state is None:
+            state = LinearState(k.new_zeros(*k.shape, v.shape[-1]), k.new_zeros(k.shape))
+        state.S += k[..., :, None] * v[..., None, :]
+        state.Z += k
+        num = (q[..., None, :] @ state.S)[..., 0, :]  # (B, H, M)
+        den = (q * state.Z).sum(-1, keepdim=True)
+        return (num / (den + self.eps)).to(dtype), state

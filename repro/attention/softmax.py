@@ -1,0 +1,70 @@
+"""Softmax attention through torch's scaled_dot_product_attention, and its recurrent twin with
+a key/value cache (the paper's "stateful softmax", supplementary C.1)."""
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .base import AttentionLayer
+
+SDPA_BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+@dataclass
+class KVCache:
+    k: torch.Tensor  # (B, H, capacity, D)
+    v: torch.Tensor  # (B, H, capacity, M)
+    length: int = 0
+
+
+class SoftmaxAttention(AttentionLayer):
+    """softmax(q k^T / sqrt(D)) v.
+
+    sdpa_backend: None lets torch pick (a flash kernel on CPU and most GPUs: O(N) memory);
+    "math" materialises the (N, N) matrix as the paper's 2020 baseline did.
+    """
+
+    recurrent = True
+
+    def __init__(self, d_model, n_heads, d_keys=None, d_values=None, attention_dropout: float = 0.0,
+                 sdpa_backend: str | None = None, initial_cache: int = 64):
+        super().__init__(d_model, n_heads, d_keys, d_values)
+        if sdpa_backend is not None and sdpa_backend not in SDPA_BACKENDS:
+            raise ValueError(f"softmax: unknown sdpa_backend {sdpa_backend!r}; valid: null, {', '.join(SDPA_BACKENDS)}")
+        self.attention_dropout = attention_dropout
+        self.sdpa_backend = sdpa_backend
+        self.initial_cache = initial_cache
+
+    def _kernel(self):
+        return sdpa_kernel(SDPA_BACKENDS[self.sdpa_backend]) if self.sdpa_backend else nullcontext()
+
+    def attend(self, q, k, v, causal, key_padding_mask):
+        mask = None
+        if key_padding_mask is not None:
+            mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, N): True takes part
+            if causal:
+                n = q.shape[-2]
+                mask = mask & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        p = self.attention_dropout if self.training else 0.0
+        with self._kernel():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                  is_causal=causal and mask is None)
+
+    def attend_step(self, q, k, v, state: KVCache | None):
+        if state is None:
+            b, h = q.shape[:2]
+            state = KVCache(k.new_empty(b, h, self.initial_cache, k.shape[-1]),
+                            v.new_empty(b, h, self.initial_cache, v.shape[-1]))
+        elif state.length == state.k.shape[2]:  # full: double, so appends cost O(1) amortised
+            state = KVCache(torch.cat([state.k, torch.empty_like(state.k)], 2),
+                            torch.cat([state.v, torch.empty_like(state.v)], 2), state.length)
+        state.k[:, :, state.length] = k
+        state.v[:, :, state.length] = v
+        state.length += 1
+        n = state.length
+        with self._kernel():
+            y = F.scaled_dot_product_attention(q[:, :, None], state.k[:, :, :n], state.v[:, :, :n])
+        return y[:, :, 0], state

@@ -1,0 +1,24 @@
+"""Hydra callbacks: at the end of a multirun, gather every job's results.jsonl into the
+sweep directory and let the task aggregate them (one CSV, one plot, one table)."""
+import importlib
+from collections import defaultdict
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+from .results import read_jsonl, write_jsonl
+
+
+class AggregateSweep(Callback):
+    def on_multirun_end(self, config, **kwargs):
+        sweep_dir = Path(config.hydra.sweep.dir)
+        by_task = defaultdict(list)
+        for path in sorted(sweep_dir.glob("*/results.jsonl"), key=lambda p: p.parent.name):
+            for row in read_jsonl(path):
+                by_task[row["task"]].append(row)
+        for task, rows in by_task.items():
+            write_jsonl(sweep_dir / f"{task}.jsonl", rows)
+            module = importlib.import_module(f"repro.tasks.{task}")
+            if hasattr(module, "aggregate"):
+                print(f"\n[{task}] {len(rows)} rows from {sweep_dir}")
+                module.aggregate(rows, sweep_dir)

@@ -1,0 +1,67 @@
+"""Helpers around Hydra: user-facing config errors, the run-dir resolver, and composing a
+config group's entry by name (the benchmark measures several attentions in one run)."""
+import os
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ConfigError(ValueError):
+    """A bad value in the user's config: run.py prints it as one line, without a traceback."""
+
+
+@lru_cache(maxsize=None)
+def _uid():
+    # pid + random: unique among jobs started in the same second, stable within a process.
+    return f"{os.getpid()}{secrets.token_hex(2)}"
+
+
+if not OmegaConf.has_resolver("uid"):
+    OmegaConf.register_new_resolver("uid", _uid)
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def compose_group(group: str, name: str):
+    """The config of conf/<group>/<name>.yaml as it composes inside the full config."""
+    if name not in group_options(group):
+        raise ConfigError(f"unknown {group} {name!r}; valid: {', '.join(group_options(group))}")
+    overrides = [f"{group}={name}"]
+    try:
+        if GlobalHydra.instance().is_initialized():
+            cfg = compose(config_name="config", overrides=overrides)
+        else:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose(config_name="config", overrides=overrides)
+    except MissingConfigException as err:
+        raise ConfigError(str(err).splitlines()[0]) from err
+    return cfg[group]
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def parse_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ConfigError(f"unknown device {name!r}; valid: auto, cpu, cuda, cuda:N") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} but no CUDA GPU is visible; use device=cpu or device=auto")
+    return device

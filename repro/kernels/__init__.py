@@ -1,0 +1,75 @@
+"""Causal dot product kernels behind one dispatcher.
+
+    causal_dot_product(q, k, v) -> out
+    q, k: (B, H, N, D), v: (B, H, N, M) -> out: (B, H, N, M)
+    out[..., i, :] = sum_{j<=i} (q_i . k_j) v_j        (unnormalised; no feature map)
+
+Backends, in order of preference:
+  cupy   raw CUDA kernels (CUDA tensors; module repro.kernels.cupy_backend, when built)
+  torch  the chunked PyTorch path (any device, any dtype)
+The environment variable REPRO_KERNEL=torch|cupy forces one. The naive references in
+repro.kernels.reference are for tests only.
+"""
+import os
+
+import torch
+
+from .chunked import causal_dot_product_chunked, default_chunk_size
+from .reference import causal_dot_product_loop, causal_dot_product_naive
+
+BACKENDS = ("cupy", "torch")
+
+__all__ = ["BACKENDS", "causal_dot_product", "select_backend", "causal_dot_product_chunked",
+           "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size"]
+
+
+def _check_inputs(q, k, v):
+    if q.dim() < 2 or q.shape != k.shape:
+        raise ValueError(f"causal_dot_product: q and k must share a shape (B, H, N, D); "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"causal_dot_product: v must be (B, H, N, M) with the B, H, N of q; "
+                         f"got q {tuple(q.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ValueError(f"causal_dot_product: q, k, v must share one floating dtype; "
+                         f"got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"causal_dot_product: q, k, v must be on one device; "
+                         f"got {q.device}, {k.device}, {v.device}")
+
+
+def _cupy_unavailable(q, k, v):
+    """None when the CuPy backend can take these inputs, else the reason it cannot."""
+    if not q.is_cuda:
+        return f"the CuPy backend runs CUDA tensors only (inputs are on {q.device})"
+    try:
+        from . import cupy_backend
+    except ImportError as err:
+        return f"the CuPy backend is not available: {err}"
+    return cupy_backend.unsupported_reason(q, k, v)
+
+
+def select_backend(q, k, v):
+    """(backend name, why) for these inputs, honouring REPRO_KERNEL."""
+    forced = os.environ.get("REPRO_KERNEL", "").strip().lower()
+    if forced and forced not in BACKENDS:
+        raise ValueError(f"REPRO_KERNEL={forced!r} is not a backend; valid: {', '.join(BACKENDS)}")
+    if forced == "torch":
+        return "torch", "forced by REPRO_KERNEL=torch"
+    reason = _cupy_unavailable(q, k, v)
+    if forced == "cupy":
+        if reason:
+            raise RuntimeError(f"REPRO_KERNEL=cupy, but {reason}")
+        return "cupy", "forced by REPRO_KERNEL=cupy"
+    if reason is None:
+        return "cupy", "CUDA tensors and the CuPy kernels can take them"
+    return "torch", reason
+
+
+def causal_dot_product(q, k, v):
+    _check_inputs(q, k, v)
+    backend, _ = select_backend(q, k, v)
+    if backend == "cupy":
+        from . import cupy_backend
+        return cupy_backend.causal_dot_product(q, k, v)
+    return causal_dot_product_chunked(q, k, v)

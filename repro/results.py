@@ -1,0 +1,75 @@
+"""Result rows on disk: every row carries where and how it was measured, and every file is
+written atomically (temporary file, then rename), so an interrupted run leaves no half file."""
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def atomic_write(path, data: str | bytes):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_jsonl(path, rows):
+    atomic_write(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@lru_cache(maxsize=None)
+def git_sha() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    if torch.version.cuda:
+        out["cuda"] = torch.version.cuda
+    return out
+
+
+def provenance(device: torch.device) -> dict:
+    """What every row carries besides its metrics."""
+    return {"device": device_name(device), "versions": versions(), "git_sha": git_sha(),
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}

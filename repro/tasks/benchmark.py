@@ -1,0 +1,247 @@
+"""task=benchmark: the paper's Figure 1. Forward + backward of one attention layer on random
+input for a grid of sequence lengths N, batch scaled inversely with N; time and peak memory
+per sample, a row per (attention, N), a log-log plot and a table.
+
+One run measures task.attentions (or the `attention` chosen on the command line); a Hydra
+multirun over attention and lengths aggregates all its jobs at the end (repro.callbacks).
+"""
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import psutil
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from ..logging import make_logger
+from ..config import ConfigError, compose_group, parse_device, parse_dtype
+from ..results import REPO, atomic_write, provenance, write_jsonl
+from .benchmark_point import measure_safely
+
+FAILED = ("oom", "timeout", "error")
+
+
+def _lengths(value) -> list[int]:
+    lengths = [value] if isinstance(value, int) else list(value)
+    if not lengths or any(not isinstance(n, int) or n < 1 for n in lengths):
+        raise ConfigError(f"task.lengths must be positive integers; got {value!r}")
+    return sorted(lengths)
+
+
+def _attentions(cfg) -> list[tuple[str, dict]]:
+    """(name, config) pairs to measure: the `attention` group's choice when one is selected
+    (a multirun over attention=...), else task.attentions."""
+    if cfg.get("attention") is not None:
+        name = HydraConfig.get().runtime.choices.get("attention") if HydraConfig.initialized() else None
+        return [(name or cfg.attention._target_.rsplit(".", 1)[-1], OmegaConf.to_container(cfg.attention))]
+    names = cfg.task.attentions
+    if not names:
+        raise ConfigError("task.attentions is empty and no attention=... was chosen; "
+                          "name at least one config of conf/attention")
+    return [(n, OmegaConf.to_container(compose_group("attention", n))) for n in names]
+
+
+def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
+    """measure() in a fresh Python process, killed when it passes the memory limit (an 'oom'
+    row, before the kernel's OOM killer hits the machine) or the time limit."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "repro.tasks.benchmark_point", json.dumps(spec)],
+                                cwd=REPO, stdout=out, stderr=err, text=True)
+        ps, began, killed = psutil.Process(proc.pid), time.monotonic(), None
+        while proc.poll() is None:
+            try:
+                rss = ps.memory_info().rss
+            except psutil.NoSuchProcess:
+                break
+            if rss > memory_limit:
+                killed = {"status": "oom", "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
+            elif time.monotonic() - began > timeout:
+                killed = {"status": "timeout", "reason": f"still running after {timeout:.0f} s"}
+            if killed:
+                proc.kill()
+                proc.wait()
+                return killed
+            time.sleep(0.02)
+        proc.wait()
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().strip(), err.read().strip()
+    if proc.returncode == 0 and stdout:
+        return json.loads(stdout.splitlines()[-1])
+    if proc.returncode in (-9, 137):
+        return {"status": "oom", "reason": "killed by the operating system (out of memory)"}
+    last = (stderr.splitlines() or ["no output"])[-1]
+    return {"status": "error", "reason": f"exit {proc.returncode}: {last[:200]}"}
+
+
+def _validate(t):
+    if t.tokens < 1 or t.warmup < 0 or t.repeats < 1 or t.time_budget_s <= 0:
+        raise ConfigError(f"task: tokens and repeats must be >= 1, warmup >= 0, time_budget_s > 0; "
+                          f"got tokens={t.tokens}, repeats={t.repeats}, warmup={t.warmup}, "
+                          f"time_budget_s={t.time_budget_s}")
+    if t.isolate not in ("auto", True, False):
+        raise ConfigError(f"task.isolate={t.isolate!r}; valid: auto, true, false")
+
+
+def run(cfg) -> float:
+    t = cfg.task
+    _validate(t)
+    lengths, dtype, device = _lengths(t.lengths), t.dtype, parse_device(cfg.device)
+    parse_dtype(dtype)
+    attentions = _attentions(cfg)
+    for _, att in attentions:  # a bad attention setting fails here, once, not in every point
+        instantiate(OmegaConf.create(att))(d_model=cfg.model.d_model, n_heads=cfg.model.n_heads)
+    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(t.get("out_dir") or ".")
+    isolate = device.type == "cpu" if t.isolate == "auto" else bool(t.isolate)
+    memory_limit = (t.memory_limit_gb * 2**30 if t.memory_limit_gb else 0.8 * psutil.virtual_memory().available)
+    logger = make_logger(cfg, run_dir)
+    meta = provenance(device)
+
+    rows = []
+    points = [(a, n) for a in attentions for n in lengths]
+    failed: dict[str, tuple[str, int]] = {}  # attention -> (status, N) of its first failure
+    for i, ((name, att), n) in enumerate(tqdm(points, desc="benchmark", unit="point", dynamic_ncols=True)):
+        batch = max(1, t.tokens // n)
+        spec = {"attention": att, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "n": n,
+                "batch": batch, "causal": bool(t.causal), "dtype": dtype, "device": str(device),
+                "warmup": t.warmup, "repeats": t.repeats, "time_budget_s": t.time_budget_s, "seed": cfg.seed}
+        if name in failed and t.skip_after_failure:  # a longer N would fail the same way
+            status, at = failed[name]
+            result = {"status": status, "reason": f"skipped: {status} at N={at}"}
+        elif isolate:
+            result = _run_isolated(spec, memory_limit, t.time_budget_s + 60)
+        else:
+            result = measure_safely(spec)
+        if result["status"] in FAILED and name not in failed:
+            failed[name] = (result["status"], n)
+        row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
+               "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal),
+               "dtype": dtype, "seed": cfg.seed, **result, **meta}
+        rows.append(row)
+        write_jsonl(run_dir / "results.jsonl", rows)
+        logger.log({f"{name}/time_per_sample_ms": row.get("time_per_sample_ms"),
+                    f"{name}/mem_per_sample_mb": row.get("mem_per_sample_mb"), "n": n}, step=i)
+
+    summary = aggregate(rows, run_dir, publish=t.get("publish"))
+    logger.log_table("benchmark", rows)
+    logger.log_image("benchmark_plot", run_dir / "benchmark.png")
+    logger.finish()
+    return summary.get("headline", float("nan"))
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+def _slope(df, col):
+    """Least-squares slope of log(col) against log(N): 1 linear, 2 quadratic."""
+    if len(df) < 2:
+        return None
+    return float(np.polyfit(np.log(df["n"]), np.log(df[col]), 1)[0])
+
+
+def summarize(rows) -> dict:
+    df = pd.DataFrame(rows)
+    ok = df[df.status == "ok"]
+    per_att = {}
+    for name, g in ok.groupby("attention", sort=False):
+        g = g.sort_values("n")
+        top = g.tail(3)
+        per_att[name] = {"largest_n": int(g.n.max()),
+                         "time_slope_all": _slope(g, "time_per_sample_ms"),
+                         "time_slope_top3": _slope(top, "time_per_sample_ms"),
+                         "mem_slope_all": _slope(g, "mem_per_sample_mb"),
+                         "mem_slope_top3": _slope(top, "mem_per_sample_mb")}
+    for name in df.attention.unique():
+        per_att.setdefault(name, {"largest_n": None})
+        failures = df[(df.attention == name) & (df.status != "ok")]
+        if len(failures):
+            per_att[name]["first_failure"] = f"{failures.iloc[0].status} at N={failures.iloc[0].n}"
+    crossovers = {}
+    linear = [a for a in per_att if "linear" in a]
+    for lin in linear:
+        for other in per_att:
+            if other == lin:
+                continue
+            a = ok[ok.attention == lin].set_index("n").time_per_sample_ms
+            b = ok[ok.attention == other].set_index("n").time_per_sample_ms
+            common = sorted(set(a.index) & set(b.index))
+            faster = [n for n in common if a[n] < b[n]]
+            # from the smallest N on which linear stays faster at every larger common N
+            since = next((n for n in common if all(a[m] < b[m] for m in common if m >= n)), None)
+            crossovers[f"{lin} vs {other}"] = {"linear_faster_from_n": since, "faster_at": faster}
+    return {"attentions": per_att, "crossovers": crossovers}
+
+
+def _plot(df, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for (col, label), ax in zip([("time_per_sample_ms", "time per sample (ms)"),
+                                 ("mem_per_sample_mb", "peak memory per sample (MB)")], axes):
+        for name, g in df.groupby("attention", sort=False):
+            g = g.sort_values("n")
+            ok = g[g.status == "ok"]
+            line, = ax.plot(ok.n, ok[col], marker="o", label=name)
+            bad = g[g.status != "ok"].head(1)
+            if len(bad) and len(ok):
+                ax.plot(bad.n, [ok[col].iloc[-1]], marker="x", ls="", ms=10, color=line.get_color())
+                ax.annotate(bad.status.iloc[0], (bad.n.iloc[0], ok[col].iloc[-1]), fontsize=8,
+                            textcoords="offset points", xytext=(4, 4))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend()
+    first = df.iloc[0]
+    fig.suptitle(f"attention forward+backward, d_model={first.d_model}, heads={first.n_heads}, "
+                 f"{first.dtype}, causal={first.causal}\n{first.device}", fontsize=9)
+    fig.tight_layout()
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def table(df) -> str:
+    def cells(col):
+        return [f"{v:.3g}" if s == "ok" else s for v, s in zip(df.get(col, [None] * len(df)), df.status)]
+    df = df.assign(time=cells("time_per_sample_ms"), mem=cells("mem_per_sample_mb"))
+    t = df.pivot_table(index="n", columns="attention", values="time", aggfunc="first", sort=False)
+    m = df.pivot_table(index="n", columns="attention", values="mem", aggfunc="first", sort=False)
+    return ("time per sample (ms)\n" + t.to_string() + "\n\npeak memory per sample (MB)\n" + m.to_string())
+
+
+def aggregate(rows, out_dir, publish=None) -> dict:
+    """CSV, plot, summary and printed table for a list of benchmark rows."""
+    out_dir = Path(out_dir)
+    df = pd.DataFrame(rows)
+    summary = summarize(rows)
+    lines = [table(df), ""]
+    for name, s in summary["attentions"].items():
+        slopes = ", ".join(f"{k} {v:.2f}" for k, v in s.items() if k.endswith(("_all", "_top3")) and v is not None)
+        lines.append(f"{name}: largest N {s['largest_n']}" + (f" ({s['first_failure']})" if "first_failure" in s else "")
+                     + (f"; slopes {slopes}" if slopes else ""))
+    for pair, c in summary["crossovers"].items():
+        since = c["linear_faster_from_n"]
+        lines.append(f"{pair}: linear faster from N={since} on" if since else f"{pair}: linear never faster in this grid")
+    text = "\n".join(lines)
+    print(text)
+    pos = [v["linear_faster_from_n"] for v in summary["crossovers"].values() if v["linear_faster_from_n"]]
+    summary["headline"] = float(min(pos)) if pos else float("nan")
+    targets = [out_dir] + ([REPO / publish] if publish else [])
+    for d in targets:
+        atomic_write(d / "benchmark.csv", df.assign(versions=df["versions"].map(json.dumps)).to_csv(index=False))
+        atomic_write(d / "summary.json", json.dumps(summary, indent=2))
+        atomic_write(d / "table.txt", text + "\n")
+        _plot(df, d / "benchmark.png")
+    return summary

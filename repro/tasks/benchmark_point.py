@@ -1,0 +1,112 @@
+"""One point of the Figure 1 benchmark: forward + backward of one attention layer on random
+input, timed and its peak memory measured.
+
+On CPU each point runs in a fresh process (`python -m repro.tasks.benchmark_point SPEC_JSON`,
+result as JSON on the last line of stdout), so its peak resident memory belongs
+to that point alone. On CUDA it runs in-process with CUDA events and the caching allocator's
+peak counter.
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from ..config import parse_dtype
+
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "DefaultCPUAllocator")
+
+
+def _proc_status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets VmHWM (peak RSS) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(spec: dict) -> dict:
+    """Spec: attention (config dict), d_model, n_heads, n, batch, causal, dtype, device,
+    warmup, repeats, time_budget_s, seed. Returns the metrics and a status."""
+    device, dtype = torch.device(spec["device"]), parse_dtype(spec["dtype"])
+    cuda = device.type == "cuda"
+    torch.manual_seed(spec["seed"])
+    layer = instantiate(OmegaConf.create(spec["attention"]))(d_model=spec["d_model"], n_heads=spec["n_heads"])
+    layer = layer.to(device=device, dtype=dtype)
+    b, n = spec["batch"], spec["n"]
+
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        mem_method = "torch.cuda.max_memory_allocated"
+    else:
+        base = _proc_status_kb("VmRSS") * 1024
+        mem_method = "peak RSS (VmHWM after clear_refs) in a fresh process" if _reset_peak_rss() \
+            else "peak RSS (VmHWM) in a fresh process"
+
+    x = torch.randn(b, n, spec["d_model"], device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+
+    def one_pass():
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        layer(x, causal=spec["causal"]).backward(grad)
+        if cuda:
+            end.record()
+            torch.cuda.synchronize(device)
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            elapsed = time.perf_counter() - t0
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        return elapsed
+
+    budget = spec["time_budget_s"]
+    began = time.perf_counter()
+    for _ in range(spec["warmup"]):
+        t_warm = one_pass()
+        if time.perf_counter() - began > budget:
+            return {"status": "timeout", "reason": f"a warm-up pass took {t_warm:.1f} s; budget {budget} s"}
+    times = [one_pass()]  # at least one timed pass, then as many more as the budget allows
+    while len(times) < spec["repeats"] and time.perf_counter() - began + times[0] <= budget:
+        times.append(one_pass())
+    if time.perf_counter() - began > budget:
+        return {"status": "timeout", "reason": f"one pass took {times[0]:.1f} s; budget {budget} s"}
+
+    peak = (torch.cuda.max_memory_allocated(device) if cuda else _proc_status_kb("VmHWM") * 1024) - base
+    t = statistics.median(times)
+    return {"status": "ok", "time_ms": t * 1e3, "time_per_sample_ms": t * 1e3 / b,
+            "peak_mem_mb": peak / 2**20, "mem_per_sample_mb": peak / 2**20 / b,
+            "repeats": len(times), "mem_method": mem_method}
+
+
+def measure_safely(spec: dict) -> dict:
+    """measure(), with running out of memory turned into a row instead of a crash."""
+    try:
+        return measure(spec)
+    except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(m in msg for m in OOM_MARKERS):
+            return {"status": "oom", "reason": msg[:200]}
+        raise
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    result = measure_safely(json.loads(sys.argv[1]))
+    print(json.dumps(result), flush=True)
