@@ -2,6 +2,7 @@
 config group's entry by name (the benchmark measures several attentions in one run)."""
 import os
 import secrets
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -17,6 +18,18 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 class ConfigError(ValueError):
     """A bad value in the user's config: run.py prints it as one line, without a traceback."""
+
+
+@contextmanager
+def building_from_config():
+    """Wrap the building of modules from the config: a ValueError raised there (a constructor
+    rejecting a setting) is the user's to fix, so it becomes a ConfigError."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 @lru_cache(maxsize=None)
@@ -65,3 +78,13 @@ def parse_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} but no CUDA GPU is visible; use device=cpu or device=auto")
     return device
+
+
+def run_dir(cfg) -> Path:
+    """Where this run writes: Hydra's output dir under run.py, else cfg.run_dir (tests and
+    library use compose the config without Hydra's runtime)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(cfg.get("run_dir") or ".")

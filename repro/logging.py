@@ -72,9 +72,11 @@ class WandbLogger(NullLogger):
 
 def make_logger(cfg, run_dir):
     """The logger of conf/logger for this run, given the resolved config to record."""
-    from hydra.utils import instantiate
+    from hydra.utils import get_class
     from omegaconf import OmegaConf
 
-    # not recursive: the recorded config is data, its _target_ entries are not to be built
-    return instantiate(cfg.logger, run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True),
-                       _recursive_=False)
+    # Built by hand, not by instantiate(): the recorded config must reach wandb as plain data,
+    # its _target_ entries unbuilt.
+    kwargs = OmegaConf.to_container(cfg.logger, resolve=True)
+    cls = get_class(kwargs.pop("_target_"))
+    return cls(run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True), **kwargs)

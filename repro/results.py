@@ -73,3 +73,14 @@ def provenance(device: torch.device) -> dict:
     """What every row carries besides its metrics."""
     return {"device": device_name(device), "versions": versions(), "git_sha": git_sha(),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def rows_to_csv(rows) -> str:
+    """Rows as CSV text; nested values (versions) as JSON."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    for col in df.columns:
+        if df[col].map(lambda v: isinstance(v, (dict, list))).any():
+            df[col] = df[col].map(json.dumps)
+    return df.to_csv(index=False)

@@ -21,12 +21,19 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from ..config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
 from ..logging import make_logger
-from ..config import ConfigError, compose_group, parse_device, parse_dtype
-from ..results import REPO, atomic_write, provenance, write_jsonl
+from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
 from .benchmark_point import measure_safely
 
 FAILED = ("oom", "timeout", "error")
+METRICS = ("time_ms", "time_per_sample_ms", "peak_mem_mb", "mem_per_sample_mb")
+
+
+def _frame(rows) -> pd.DataFrame:
+    """Rows as a frame with every metric column present (all-failed sweeps have none)."""
+    df = pd.DataFrame(rows)
+    return df.assign(**{m: df[m] if m in df else float("nan") for m in METRICS})
 
 
 def _lengths(value) -> list[int]:
@@ -96,12 +103,13 @@ def run(cfg) -> float:
     lengths, dtype, device = _lengths(t.lengths), t.dtype, parse_device(cfg.device)
     parse_dtype(dtype)
     attentions = _attentions(cfg)
-    for _, att in attentions:  # a bad attention setting fails here, once, not in every point
-        instantiate(OmegaConf.create(att))(d_model=cfg.model.d_model, n_heads=cfg.model.n_heads)
-    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(t.get("out_dir") or ".")
+    with building_from_config():  # a bad attention setting fails here, once, not in every point
+        for _, att in attentions:
+            instantiate(OmegaConf.create(att))(d_model=cfg.model.d_model, n_heads=cfg.model.n_heads)
+    out = run_dir(cfg)
     isolate = device.type == "cpu" if t.isolate == "auto" else bool(t.isolate)
     memory_limit = (t.memory_limit_gb * 2**30 if t.memory_limit_gb else 0.8 * psutil.virtual_memory().available)
-    logger = make_logger(cfg, run_dir)
+    logger = make_logger(cfg, out)
     meta = provenance(device)
 
     rows = []
@@ -125,13 +133,13 @@ def run(cfg) -> float:
                "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal),
                "dtype": dtype, "seed": cfg.seed, **result, **meta}
         rows.append(row)
-        write_jsonl(run_dir / "results.jsonl", rows)
+        write_jsonl(out / "results.jsonl", rows)
         logger.log({f"{name}/time_per_sample_ms": row.get("time_per_sample_ms"),
                     f"{name}/mem_per_sample_mb": row.get("mem_per_sample_mb"), "n": n}, step=i)
 
-    summary = aggregate(rows, run_dir, publish=t.get("publish"))
+    summary = aggregate(rows, out, publish=t.get("publish"))
     logger.log_table("benchmark", rows)
-    logger.log_image("benchmark_plot", run_dir / "benchmark.png")
+    logger.log_image("benchmark_plot", out / "benchmark.png")
     logger.finish()
     return summary.get("headline", float("nan"))
 
@@ -146,7 +154,7 @@ def _slope(df, col):
 
 
 def summarize(rows) -> dict:
-    df = pd.DataFrame(rows)
+    df = _frame(rows)
     ok = df[df.status == "ok"]
     per_att = {}
     for name, g in ok.groupby("attention", sort=False):
@@ -196,7 +204,8 @@ def _plot(df, path):
                 ax.annotate(bad.status.iloc[0], (bad.n.iloc[0], ok[col].iloc[-1]), fontsize=8,
                             textcoords="offset points", xytext=(4, 4))
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        if (df.status == "ok").any():  # an all-failed sweep still gets its (empty) figure
+            ax.set_yscale("log")
         ax.set_xlabel("sequence length N")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
@@ -214,7 +223,7 @@ def _plot(df, path):
 
 def table(df) -> str:
     def cells(col):
-        return [f"{v:.3g}" if s == "ok" else s for v, s in zip(df.get(col, [None] * len(df)), df.status)]
+        return [f"{v:.3g}" if s == "ok" else s for v, s in zip(df[col], df.status)]
     df = df.assign(time=cells("time_per_sample_ms"), mem=cells("mem_per_sample_mb"))
     t = df.pivot_table(index="n", columns="attention", values="time", aggfunc="first", sort=False)
     m = df.pivot_table(index="n", columns="attention", values="mem", aggfunc="first", sort=False)
@@ -224,7 +233,7 @@ def table(df) -> str:
 def aggregate(rows, out_dir, publish=None) -> dict:
     """CSV, plot, summary and printed table for a list of benchmark rows."""
     out_dir = Path(out_dir)
-    df = pd.DataFrame(rows)
+    df = _frame(rows)
     summary = summarize(rows)
     lines = [table(df), ""]
     for name, s in summary["attentions"].items():
@@ -240,7 +249,7 @@ def aggregate(rows, out_dir, publish=None) -> dict:
     summary["headline"] = float(min(pos)) if pos else float("nan")
     targets = [out_dir] + ([REPO / publish] if publish else [])
     for d in targets:
-        atomic_write(d / "benchmark.csv", df.assign(versions=df["versions"].map(json.dumps)).to_csv(index=False))
+        atomic_write(d / "benchmark.csv", rows_to_csv(rows))
         atomic_write(d / "summary.json", json.dumps(summary, indent=2))
         atomic_write(d / "table.txt", text + "\n")
         _plot(df, d / "benchmark.png")

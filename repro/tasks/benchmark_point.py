@@ -6,6 +6,7 @@ result as JSON on the last line of stdout), so its peak resident memory belongs
 to that point alone. On CUDA it runs in-process with CUDA events and the caching allocator's
 peak counter.
 """
+import ctypes
 import json
 import statistics
 import sys
@@ -25,36 +26,39 @@ def _proc_status_kb(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def _reset_peak_rss() -> bool:
-    """Linux: writing 5 to clear_refs resets VmHWM (peak RSS) to the current RSS."""
+def _prepare_rss_measure() -> str:
+    """Make peak RSS track live memory from here on: glibc serves every block over 64 KiB with
+    mmap (so a free returns it to the OS and a new tensor cannot hide in cached heap), the heap
+    cache is trimmed, and the kernel's peak counter (VmHWM) is reset to the current RSS."""
+    method = "peak RSS"
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
+        method += ", glibc mmap threshold 64 KiB"
+    except (OSError, AttributeError):
+        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return True
+        return method + ", VmHWM reset"
     except OSError:
-        return False
+        return method + ", VmHWM since process start"
 
 
 def measure(spec: dict) -> dict:
     """Spec: attention (config dict), d_model, n_heads, n, batch, causal, dtype, device,
-    warmup, repeats, time_budget_s, seed. Returns the metrics and a status."""
+    warmup, repeats, time_budget_s, seed. Returns the metrics and a status.
+
+    Time: median over the timed passes after warm-up. Memory: the peak of one more pass,
+    beyond what was allocated before it (parameters, input and its gradient), i.e. the
+    activations and workspaces of forward + backward."""
     device, dtype = torch.device(spec["device"]), parse_dtype(spec["dtype"])
     cuda = device.type == "cuda"
     torch.manual_seed(spec["seed"])
     layer = instantiate(OmegaConf.create(spec["attention"]))(d_model=spec["d_model"], n_heads=spec["n_heads"])
     layer = layer.to(device=device, dtype=dtype)
     b, n = spec["batch"], spec["n"]
-
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        mem_method = "torch.cuda.max_memory_allocated"
-    else:
-        base = _proc_status_kb("VmRSS") * 1024
-        mem_method = "peak RSS (VmHWM after clear_refs) in a fresh process" if _reset_peak_rss() \
-            else "peak RSS (VmHWM) in a fresh process"
-
     x = torch.randn(b, n, spec["d_model"], device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
 
@@ -81,12 +85,22 @@ def measure(spec: dict) -> dict:
         if time.perf_counter() - began > budget:
             return {"status": "timeout", "reason": f"a warm-up pass took {t_warm:.1f} s; budget {budget} s"}
     times = [one_pass()]  # at least one timed pass, then as many more as the budget allows
-    while len(times) < spec["repeats"] and time.perf_counter() - began + times[0] <= budget:
+    while len(times) < spec["repeats"] and time.perf_counter() - began + 2 * times[0] <= budget:
         times.append(one_pass())
-    if time.perf_counter() - began > budget:
+    if time.perf_counter() - began + times[0] > budget:
         return {"status": "timeout", "reason": f"one pass took {times[0]:.1f} s; budget {budget} s"}
 
-    peak = (torch.cuda.max_memory_allocated(device) if cuda else _proc_status_kb("VmHWM") * 1024) - base
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base, mem_method = torch.cuda.memory_allocated(device), "torch.cuda.max_memory_allocated"
+        one_pass()
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        mem_method = _prepare_rss_measure()
+        base = _proc_status_kb("VmRSS") * 1024
+        one_pass()
+        peak = _proc_status_kb("VmHWM") * 1024 - base
     t = statistics.median(times)
     return {"status": "ok", "time_ms": t * 1e3, "time_per_sample_ms": t * 1e3 / b,
             "peak_mem_mb": peak / 2**20, "mem_per_sample_mb": peak / 2**20 / b,

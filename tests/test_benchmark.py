@@ -1,0 +1,105 @@
+"""task=benchmark end to end at tiny sizes: rows, failure rows, aggregation, multirun."""
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from repro.results import REPO, read_jsonl
+from repro.tasks import benchmark
+from repro.tasks.benchmark_point import measure_safely
+
+TINY = ["model=tiny", "task.tokens=64", "task.repeats=1", "task.warmup=0", "task.lengths=[16,32]"]
+
+
+def run_py(*args, timeout=240):
+    return subprocess.run([sys.executable, "run.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_in_process_run_writes_rows_table_and_plot(compose_cfg, tmp_path):
+    cfg = compose_cfg(*TINY, "task.isolate=false", "task.attentions=[softmax,linear]", f"+run_dir={tmp_path}")
+    benchmark.run(cfg)
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    assert [(r["attention"], r["n"], r["batch"]) for r in rows] == [
+        ("softmax", 16, 4), ("softmax", 32, 2), ("linear", 16, 4), ("linear", 32, 2)]
+    for r in rows:
+        assert r["status"] == "ok" and r["time_per_sample_ms"] > 0 and r["mem_per_sample_mb"] >= 0
+        assert {"device", "versions", "git_sha", "dtype", "seed"} <= r.keys()
+    for f in ("benchmark.csv", "benchmark.png", "summary.json", "table.txt"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert len(pd.read_csv(tmp_path / "benchmark.csv")) == 4
+
+
+def test_timeout_is_a_row_and_longer_lengths_are_skipped(compose_cfg, tmp_path):
+    cfg = compose_cfg(*TINY, "task.isolate=false", "task.attentions=[linear]", "task.time_budget_s=1e-6",
+                      f"+run_dir={tmp_path}")
+    benchmark.run(cfg)
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    assert [r["status"] for r in rows] == ["timeout", "timeout"]
+    assert rows[1]["reason"] == "skipped: timeout at N=16"
+
+
+def test_out_of_memory_in_process_is_a_row():
+    spec = {"attention": {"_target_": "repro.attention.LinearAttention", "_partial_": True}, "d_model": 256,
+            "n_heads": 8, "n": 2**20, "batch": 2**20, "causal": True, "dtype": "float32", "device": "cpu",
+            "warmup": 0, "repeats": 1, "time_budget_s": 10, "seed": 0}
+    result = measure_safely(spec)  # a petabyte input: the allocator refuses at once
+    assert result["status"] == "oom" and "allocate" in result["reason"]
+
+
+def test_isolated_point_past_the_memory_limit_is_an_oom_row_and_the_sweep_goes_on(tmp_path):
+    # 1.2 GiB: a fresh process with torch fits; softmax's (N, N) matrices at N=4096 do not.
+    proc = run_py("task.attentions=[softmax-math,linear]", "task.lengths=[64,4096]", "task.tokens=4096",
+                  "task.repeats=1", "task.warmup=0", "task.memory_limit_gb=1.2", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["attention"], r["n"]): r for r in read_jsonl(tmp_path / "results.jsonl")}
+    assert rows["softmax-math", 64]["status"] == "ok"
+    assert rows["softmax-math", 4096]["status"] == "oom"
+    assert rows["linear", 4096]["status"] == "ok"
+    assert "largest N 64 (oom at N=4096)" in proc.stdout
+
+
+def test_multirun_over_attention_and_length_aggregates_into_one_csv(tmp_path):
+    proc = run_py("-m", *TINY[:-1], "task.isolate=false", "attention=softmax,linear", "task.lengths=16,32",
+                  f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_csv(tmp_path / "benchmark.csv")
+    assert sorted(zip(df.attention, df.n)) == [("linear", 16), ("linear", 32), ("softmax", 16), ("softmax", 32)]
+    assert (df.status == "ok").all()
+    assert (tmp_path / "benchmark.png").exists()
+
+
+def test_summary_slopes_and_crossover():
+    rows = []
+    for n in (256, 512, 1024, 2048):
+        rows.append({"attention": "softmax", "n": n, "status": "ok", "time_per_sample_ms": (n / 256) ** 2,
+                     "mem_per_sample_mb": (n / 256) ** 2})
+        rows.append({"attention": "linear", "n": n, "status": "ok", "time_per_sample_ms": 3 * n / 256,
+                     "mem_per_sample_mb": n / 256})
+    rows.append({"attention": "softmax", "n": 4096, "status": "oom"})
+    s = benchmark.summarize(rows)
+    assert s["attentions"]["softmax"]["time_slope_all"] == pytest.approx(2.0)
+    assert s["attentions"]["linear"]["mem_slope_all"] == pytest.approx(1.0)
+    assert s["attentions"]["softmax"]["largest_n"] == 2048
+    assert s["attentions"]["softmax"]["first_failure"] == "oom at N=4096"
+    # linear: 3, 6, 12, 24 vs softmax 1, 4, 16, 64: faster from 1024 on
+    assert s["crossovers"]["linear vs softmax"]["linear_faster_from_n"] == 1024
+
+
+@pytest.mark.parametrize("args, message", [
+    (["attention=foo"], "error: unknown attention 'foo'; valid: "),
+    (["-m", "attention=softmax,nope"], "error: unknown attention 'nope'; valid: "),
+    (["task=nope"], "error: unknown task 'nope'; valid: benchmark"),
+    (["task.lengths=[0]"], "error: task.lengths must be positive integers; got"),
+    (["task.dtype=float8"], "error: unknown dtype 'float8'; valid: float32"),
+    (["attention=softmax", "attention.sdpa_backend=fast"], "error: softmax: unknown sdpa_backend 'fast'"),
+    (["device=cuda:0"] if not __import__("torch").cuda.is_available() else ["device=tpu"], "error: "),
+])
+def test_bad_config_is_one_clear_line(args, message, tmp_path):
+    proc = run_py(*args, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout

@@ -1,0 +1,55 @@
+"""Every config in conf/ composes; every attention config builds a working layer; loggers."""
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from repro.attention import AttentionLayer
+from repro.config import CONF_DIR, ConfigError, compose_group, group_options
+from repro.logging import make_logger
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in group_options(g)])
+def test_every_config_composes(compose_cfg, group, option):
+    cfg = compose_cfg(f"{group}={option}")
+    assert cfg.task._target_ and cfg.model.d_model > 0
+
+
+@pytest.mark.parametrize("name", group_options("attention"))
+def test_every_attention_config_builds_a_layer(name):
+    layer = instantiate(compose_group("attention", name))(d_model=32, n_heads=4)
+    assert isinstance(layer, AttentionLayer)
+    assert layer.d_model == 32 and layer.n_heads == 4
+
+
+def test_default_run_is_the_quick_benchmark_of_softmax_and_linear(compose_cfg):
+    cfg = compose_cfg()
+    assert cfg.task.name == "benchmark" and "attention" not in cfg
+    assert {"softmax", "linear"} <= set(cfg.task.attentions)
+    assert compose_cfg("attention=softmax").attention._target_.endswith("SoftmaxAttention")
+
+
+def test_unknown_group_option_is_named():
+    with pytest.raises(ConfigError, match="unknown attention 'nope'; valid: .*linear"):
+        compose_group("attention", "nope")
+
+
+@pytest.mark.parametrize("logger", ["none", "csv", "wandb"])
+def test_loggers(compose_cfg, tmp_path, logger):
+    overrides = [f"logger={logger}"] + (["logger.mode=disabled"] if logger == "wandb" else [])
+    log = make_logger(compose_cfg(*overrides), tmp_path)
+    log.log({"loss": 1.5}, step=0)
+    log.log({"loss": 1.0, "acc": 0.5}, step=1)
+    log.log_table("rows", [{"a": 1, "b": "x"}])
+    log.finish()
+    if logger == "csv":
+        assert (tmp_path / "metrics.csv").read_text().splitlines() == ["step,loss,acc", "0,1.5,", "1,1.0,0.5"]
+
+
+def test_wandb_offline_writes_a_local_run(compose_cfg, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    log = make_logger(compose_cfg("logger=wandb", "logger.mode=offline"), tmp_path)
+    log.log({"loss": torch.tensor(2.0).item()}, step=0)
+    log.finish()
+    assert list((tmp_path / "wandb").glob("offline-run-*"))

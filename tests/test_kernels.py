@@ -1,0 +1,107 @@
+"""causal_dot_product against the naive float64 formula: forward and gradients."""
+import pytest
+import torch
+
+from repro.kernels import (causal_dot_product, causal_dot_product_chunked, causal_dot_product_loop,
+                           causal_dot_product_naive, default_chunk_size, select_backend)
+
+SHAPES = [  # (B, H, N, D, M): N = 1, N below / not a multiple of / far past the chunk, D != M
+    (1, 1, 1, 4, 4),
+    (2, 3, 7, 5, 9),
+    (1, 2, 33, 16, 8),
+    (3, 1, 130, 32, 17),
+    (1, 4, 257, 64, 64),
+]
+
+
+def _inputs(b, h, n, d, m, dtype=torch.float64):
+    return [torch.randn(b, h, n, x, dtype=dtype, requires_grad=True) for x in (d, d, m)]
+
+
+def _grads(out, inputs, g):
+    return torch.autograd.grad(out, inputs, g)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("chunk", [None, 16, 64])
+def test_chunked_matches_naive_float64(shape, chunk):
+    q, k, v = _inputs(*shape)
+    out = causal_dot_product_chunked(q, k, v, chunk)
+    ref = causal_dot_product_naive(q, k, v)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(ref)
+    for a, b in zip(_grads(out, (q, k, v), g), _grads(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:])
+def test_float32_and_bfloat16_against_float64(shape):
+    q64, k64, v64 = _inputs(*shape)
+    ref = causal_dot_product_naive(q64, k64, v64)
+    g = torch.randn_like(ref)
+    ref_grads = _grads(ref, (q64, k64, v64), g)
+    for dtype, tol in [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)]:
+        q, k, v = (x.detach().to(dtype).requires_grad_() for x in (q64, k64, v64))
+        out = causal_dot_product(q, k, v)
+        assert out.dtype == dtype
+        # errors relative to the output's scale (bf16 inputs are themselves rounded)
+        scale = ref.abs().max()
+        assert ((out.double() - ref).abs().max() / scale) < tol
+        for a, b in zip(_grads(out, (q, k, v), g.to(dtype)), ref_grads):
+            assert a.dtype == dtype
+            assert ((a.double() - b).abs().max() / b.abs().max()) < tol
+
+
+def test_autocast_keeps_fp32_accumulation():
+    q, k, v = (x.detach().float() for x in _inputs(1, 2, 50, 8, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = causal_dot_product(q, k, v)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), causal_dot_product_naive(q.double(), k.double(), v.double()),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_loop_reference_is_the_rnn_definition():
+    q, k, v = _inputs(2, 2, 19, 6, 5)
+    torch.testing.assert_close(causal_dot_product_loop(q, k, v), causal_dot_product_naive(q, k, v))
+
+
+def test_only_requested_gradients():
+    q, k, v = _inputs(1, 1, 20, 4, 3)
+    k.requires_grad_(False)
+    out = causal_dot_product(q, k, v)
+    gq, gv = torch.autograd.grad(out.sum(), (q, v))
+    rq, rv = torch.autograd.grad(causal_dot_product_naive(q, k, v).sum(), (q, v))
+    torch.testing.assert_close(gq, rq)
+    torch.testing.assert_close(gv, rv)
+
+
+def test_default_chunk_size():
+    assert default_chunk_size(64, 64) == 64
+    assert default_chunk_size(32, 32) == 32
+    assert default_chunk_size(1, 1) == 16 and default_chunk_size(1024, 1024) == 256
+
+
+def test_bad_inputs_name_the_problem():
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="q and k must share a shape"):
+        causal_dot_product(q, torch.randn(1, 2, 6, 4), torch.randn(1, 2, 5, 3))
+    with pytest.raises(ValueError, match="v must be"):
+        causal_dot_product(q, q, torch.randn(1, 2, 4, 3))
+    with pytest.raises(ValueError, match="one floating dtype"):
+        causal_dot_product(q, q, torch.randn(1, 2, 5, 3, dtype=torch.float64))
+
+
+def test_dispatcher_on_cpu(monkeypatch):
+    q = torch.randn(1, 1, 4, 2)
+    monkeypatch.delenv("REPRO_KERNEL", raising=False)
+    backend, why = select_backend(q, q, q)
+    assert backend == "torch" and "CUDA" in why
+    monkeypatch.setenv("REPRO_KERNEL", "cupy")
+    with pytest.raises(RuntimeError, match="REPRO_KERNEL=cupy"):
+        causal_dot_product(q, q, q)
+    monkeypatch.setenv("REPRO_KERNEL", "triton")
+    with pytest.raises(ValueError, match="valid: cupy, torch"):
+        causal_dot_product(q, q, q)
+    monkeypatch.setenv("REPRO_KERNEL", "torch")
+    assert select_backend(q, q, q)[0] == "torch"
