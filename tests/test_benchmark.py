@@ -103,3 +103,16 @@ def test_bad_config_is_one_clear_line(args, message, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_rerun_in_the_same_dir_resumes_without_measuring_again(compose_cfg, tmp_path):
+    cfg = compose_cfg(*TINY, "task.isolate=false", "task.attentions=[linear]", f"+run_dir={tmp_path}")
+    benchmark.run(cfg)
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    # an interrupted run: only the first point made it to disk
+    (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    benchmark.run(cfg)
+    again = read_jsonl(tmp_path / "results.jsonl")
+    assert again[0] == rows[0]  # kept as it was, not re-measured
+    assert [r["n"] for r in again] == [16, 32] and again[1]["status"] == "ok"
+    assert again[1]["time"] >= rows[1]["time"]

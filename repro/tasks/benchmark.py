@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from ..config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
 from ..logging import make_logger
-from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
+from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv, write_jsonl
 from .benchmark_point import measure_safely
 
 FAILED = ("oom", "timeout", "error")
@@ -112,26 +112,32 @@ def run(cfg) -> float:
     logger = make_logger(cfg, out)
     meta = provenance(device)
 
+    # Resume: rows already in this run dir (an interrupted run, rerun with hydra.run.dir=<its dir>)
+    # are kept and their points not measured again.
+    done = {(r["attention"], r["n"], r["dtype"], r["causal"]): r for r in
+            (read_jsonl(out / "results.jsonl") if (out / "results.jsonl").exists() else [])}
     rows = []
     points = [(a, n) for a in attentions for n in lengths]
     failed: dict[str, tuple[str, int]] = {}  # attention -> (status, N) of its first failure
     for i, ((name, att), n) in enumerate(tqdm(points, desc="benchmark", unit="point", dynamic_ncols=True)):
         batch = max(1, t.tokens // n)
-        spec = {"attention": att, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "n": n,
-                "batch": batch, "causal": bool(t.causal), "dtype": dtype, "device": str(device),
-                "warmup": t.warmup, "repeats": t.repeats, "time_budget_s": t.time_budget_s, "seed": cfg.seed}
-        if name in failed and t.skip_after_failure:  # a longer N would fail the same way
-            status, at = failed[name]
-            result = {"status": status, "reason": f"skipped: {status} at N={at}"}
-        elif isolate:
-            result = _run_isolated(spec, memory_limit, t.time_budget_s + 60)
-        else:
-            result = measure_safely(spec)
-        if result["status"] in FAILED and name not in failed:
-            failed[name] = (result["status"], n)
-        row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
-               "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal),
-               "dtype": dtype, "seed": cfg.seed, **result, **meta}
+        row = done.get((name, n, dtype, bool(t.causal)))
+        if row is None:
+            spec = {"attention": att, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "n": n,
+                    "batch": batch, "causal": bool(t.causal), "dtype": dtype, "device": str(device),
+                    "warmup": t.warmup, "repeats": t.repeats, "time_budget_s": t.time_budget_s, "seed": cfg.seed}
+            if name in failed and t.skip_after_failure:  # a longer N would fail the same way
+                status, at = failed[name]
+                result = {"status": status, "reason": f"skipped: {status} at N={at}"}
+            elif isolate:
+                result = _run_isolated(spec, memory_limit, t.time_budget_s + 60)
+            else:
+                result = measure_safely(spec)
+            row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
+                   "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal),
+                   "dtype": dtype, "seed": cfg.seed, **result, **meta}
+        if row["status"] in FAILED and name not in failed:
+            failed[name] = (row["status"], n)
         rows.append(row)
         write_jsonl(out / "results.jsonl", rows)
         logger.log({f"{name}/time_per_sample_ms": row.get("time_per_sample_ms"),
