@@ -73,3 +73,48 @@ def test_unknown_activation_is_named():
     with pytest.raises(ValueError, match="unknown activation 'swish'; valid: relu, gelu"):
         AutoregressiveTransformer(instantiate(compose_group("attention", "linear")), n_tokens=3,
                                   activation="swish", n_layers=1, d_model=8, n_heads=2, d_ff=8)
+
+
+@pytest.mark.parametrize("name", ["softmax", "linear"])
+def test_recurrent_and_rerun_generation_sample_the_same_sequence(name):
+    from repro.models.generate import generate
+    model = _model(name)
+    prefix = torch.randint(0, 11, (3, 4))
+
+    def greedy(y):  # deterministic, so both ways must agree token for token
+        return y[:, :5].argmax(-1) * 2
+
+    a = generate(model, prefix, 25, greedy, mode="recurrent")
+    b = generate(model, prefix, 25, greedy, mode="rerun")
+    assert torch.equal(a[:, :4], prefix) and torch.equal(a, b)
+    with pytest.raises(ValueError, match="unknown mode 'beam'; valid: recurrent, rerun"):
+        generate(model, prefix, 25, greedy, mode="beam")
+
+
+def test_pixel_model_bits_per_dim_and_sequence_layout():
+    from repro.models.pixels import PixelTransformer, to_images, to_sequence
+    imgs = torch.randint(0, 256, (2, 3, 4, 5), dtype=torch.uint8)
+    seq = to_sequence(imgs)
+    assert seq.shape == (2, 60) and seq[0, :3].tolist() == imgs[0, :, 0, 0].tolist()  # r, g, b interleaved
+    assert torch.equal(to_images(seq, (3, 4, 5)), imgs)
+    model = PixelTransformer(instantiate(compose_group("attention", "linear")), n_mixtures=4, n_layers=1,
+                             d_model=16, n_heads=2, d_ff=16, dropout=0.0).double()
+    nll = model.nll(seq)  # (B,): 59 predicted values each, the first is input only
+    params = model(seq[:, :-1])
+    from repro.models import logistic_mixture as dmol
+    torch.testing.assert_close(nll, -dmol.log_prob(params, seq[:, 1:]).sum(-1))
+    torch.testing.assert_close(model.bits_per_dim(seq), nll.mean() / (59 * torch.log(torch.tensor(2.0)).double()))
+
+
+def test_throughput_task_runs_and_labels_extrapolation(compose_cfg, tmp_path):
+    from repro.results import read_jsonl
+    from repro.tasks import throughput
+    cfg = compose_cfg("task=throughput", "model=tiny", "task.sizes=[mnist]", "task.batches=[2]",
+                      "task.time_budget_s=0.3", "task.probes=3", f"+run_dir={tmp_path}")
+    throughput.run(cfg)
+    rows = {r["method"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
+    assert set(rows) == {"linear", "stateful-softmax", "softmax"}
+    for r in rows.values():
+        assert r["status"] == "ok" and r["seconds"] > 0 and r["images_per_s"] == pytest.approx(2 / r["seconds"])
+        assert r["extrapolated"] == (r["positions_measured"] < 783)
+    assert "speed-up vs softmax" in (tmp_path / "throughput.txt").read_text()

@@ -1,0 +1,56 @@
+"""A mixture of discretized logistics over 8-bit values (PixelCNN++, Salimans et al. 2017), the
+paper's output distribution for image generation: each predicted sub-pixel gets K components,
+each a logistic (mean mu, scale s) whose mass over a bin of width 2/255 around the value (the
+outermost bins reaching to +-infinity) gives the value's probability.
+
+Parameters per position: (..., 3K) = K mixture logits, K means, K log-scales. Values are ints in
+0..255, mapped to [-1, 1] as x = v / 127.5 - 1.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+HALF_BIN = 1.0 / 255.0  # half the width of a bin in [-1, 1]
+LOG_SCALE_MIN = -7.0
+
+
+def split_params(params):
+    """(..., 3K) -> logits, mu, log_s, each (..., K), in fp32 (fp64 stays fp64)."""
+    params = params.to(torch.float64 if params.dtype == torch.float64 else torch.float32)
+    logits, mu, log_s = params.chunk(3, dim=-1)
+    return logits, mu, log_s.clamp(min=LOG_SCALE_MIN)
+
+
+def log_prob(params, values):
+    """log p(value) under the mixture. params (..., 3K), values (...) ints in 0..255 -> (...)."""
+    logits, mu, log_s = split_params(params)
+    x = (values.to(mu.dtype) / 127.5 - 1.0)[..., None]  # (..., 1)
+    inv_s = torch.exp(-log_s)
+    a = inv_s * (x - mu + HALF_BIN)  # upper edge of the bin, standardised
+    b = inv_s * (x - mu - HALF_BIN)  # lower edge
+    # log(sigmoid(a) - sigmoid(b)) = a + log(1 - e^(b - a)) - softplus(a) - softplus(b): exact and
+    # stable however small the bin's mass is, since a - b = 2 inv_s / 255 > 0.
+    log_mid = a + torch.log(-torch.expm1(b - a)) - F.softplus(a) - F.softplus(b)
+    log_first = -F.softplus(-a)  # value 0: all the mass below the upper edge, log sigmoid(a)
+    log_last = -F.softplus(b)  # value 255: all the mass above the lower edge, log(1 - sigmoid(b))
+    v = values[..., None]
+    log_comp = torch.where(v == 0, log_first, torch.where(v == 255, log_last, log_mid))
+    return torch.logsumexp(log_comp + F.log_softmax(logits, dim=-1), dim=-1)
+
+
+def bits_per_dim(nll_nats_sum, dims):
+    """The paper's metric: negative log-likelihood in nats over all predicted dims, in bits."""
+    return nll_nats_sum / (math.log(2.0) * dims)
+
+
+@torch.no_grad()
+def sample(params, generator=None):
+    """One value in 0..255 per position. params (..., 3K) -> (...) int64."""
+    logits, mu, log_s = split_params(params)
+    k = torch.multinomial(F.softmax(logits, -1).reshape(-1, logits.shape[-1]), 1, generator=generator)
+    k = k.reshape(*logits.shape[:-1], 1)
+    mu, log_s = mu.gather(-1, k)[..., 0], log_s.gather(-1, k)[..., 0]
+    u = torch.rand(mu.shape, generator=generator, device=mu.device).clamp(1e-5, 1 - 1e-5)
+    x = mu + torch.exp(log_s) * (torch.log(u) - torch.log1p(-u))  # inverse CDF of the logistic
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().long()

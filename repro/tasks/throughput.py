@@ -1,0 +1,147 @@
+"""task=throughput: the paper's generation-speed tables (Tables 1, 2, 4, 5). Images sampled
+pixel by pixel from untrained MNIST- and CIFAR-10-sized models (speed does not depend on the
+weights): seconds per image at batch 1 and images per second at a larger batch, for linear
+attention's RNN form, softmax with a key/value cache ("stateful softmax"), softmax re-running
+the whole prefix for every pixel (the paper's baseline) and, when present, LSH (re-run too).
+
+A generation that would take longer than task.time_budget_s is stopped and its total
+extrapolated, and its row says so: recurrent steps from a linear fit of step time against
+position; re-run steps by timing the forward pass at probe positions over the rest of the
+image and integrating.
+"""
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from ..config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
+from ..models import logistic_mixture as dmol
+from ..models.generate import MODES, generate
+from ..models.pixels import IMAGE_SHAPES, PixelTransformer
+from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
+
+LAYERS = {"mnist": 8, "cifar": 16}  # the paper's depths; the layer itself comes from `model`
+# The paper's seconds per image at batch 1 on a CPU (supplementary), for the table.
+PAPER_CPU_S = {"mnist": {"softmax": 72.6, "stateful-softmax": 7.4, "lsh-1": 46.0, "lsh-4": 112.0, "linear": 5.5},
+               "cifar": {"softmax": 8651.4, "stateful-softmax": 71.9, "lsh-1": 2318.9, "lsh-4": 5263.7,
+                         "linear": 45.1}}
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_generation(model, length, batch, mode, budget, device, probes):
+    """(total seconds, positions measured, extrapolated?) for one batch of images."""
+    first = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    stamps = []
+
+    def on_step(t):
+        _sync(device)
+        stamps.append(time.perf_counter())
+        if stamps[-1] - began > budget:
+            raise _OverBudget
+
+    _sync(device)
+    began = time.perf_counter()
+    try:
+        generate(model, first, length, lambda y: dmol.sample(y), mode=mode, on_step=on_step)
+        return stamps[-1] - began, length - 1, False
+    except _OverBudget:
+        pass
+    done = len(stamps)  # positions 1..done sampled
+    per_step = np.diff([began] + stamps)  # (done,): the cost of sampling position t = 1..done
+    positions = np.arange(1, done + 1)
+    rest = np.arange(done + 1, length)
+    if mode == "recurrent":  # constant (RNN state) or linearly growing (cache) cost per step
+        slope, intercept = np.polyfit(positions[done // 4:], per_step[done // 4:], 1)
+        estimate = float(np.clip(intercept + slope * rest, 0, None).sum())
+    else:  # a forward pass over t tokens per step: time it at probe positions and integrate
+        probe_at = np.unique(np.linspace(rest[0], rest[-1], probes).astype(int))
+        costs = []
+        with torch.no_grad():
+            for t in probe_at:
+                tokens = torch.randint(0, 256, (batch, int(t)), device=device)
+                _sync(device)
+                t0 = time.perf_counter()
+                dmol.sample(model(tokens)[:, -1])
+                _sync(device)
+                costs.append(time.perf_counter() - t0)
+        estimate = float(np.interp(rest, probe_at, costs).sum())
+    return float(per_step.sum()) + estimate, done, True
+
+
+def run(cfg) -> float:
+    t = cfg.task
+    device, dtype = parse_device(cfg.device), parse_dtype(t.dtype)
+    unknown = [s for s in t.sizes if s not in LAYERS]
+    if unknown:
+        raise ConfigError(f"task.sizes: unknown {unknown}; valid: {', '.join(LAYERS)}")
+    methods = {}
+    for label, m in t.methods.items():
+        if m.mode not in MODES:
+            raise ConfigError(f"task.methods.{label}.mode={m.mode!r}; valid: {', '.join(MODES)}")
+        methods[label] = (m.attention, m.mode, compose_group("attention", m.attention))
+    out, meta, rows = run_dir(cfg), provenance(device), []
+    torch.set_grad_enabled(False)
+    jobs = [(s, label, b) for s in t.sizes for label in methods for b in t.batches]
+    for size, label, batch in tqdm(jobs, desc="throughput", unit="run"):
+        att_name, mode, att_cfg = methods[label]
+        torch.manual_seed(cfg.seed)
+        with building_from_config():
+            model = PixelTransformer(instantiate(att_cfg), n_mixtures=t.n_mixtures, n_layers=LAYERS[size],
+                                     d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, d_ff=cfg.model.d_ff,
+                                     dropout=0.0, activation=cfg.model.activation,
+                                     norm_first=cfg.model.norm_first)
+        model = model.to(device=device, dtype=dtype).eval()
+        length = int(np.prod(IMAGE_SHAPES[size]))
+        try:
+            total, measured, extrapolated = _time_generation(model, length, batch, mode, t.time_budget_s,
+                                                             device, t.probes)
+            result = {"status": "ok", "seconds": total, "seconds_per_image": total / batch,
+                      "images_per_s": batch / total, "positions_measured": measured, "extrapolated": extrapolated}
+        except NotImplementedError as err:  # no recurrent form
+            result = {"status": "error", "reason": str(err)}
+        rows.append({"task": "throughput", "size": size, "method": label, "attention": att_name, "mode": mode,
+                     "batch": batch, "length": length, "n_layers": LAYERS[size], "dtype": t.dtype,
+                     "threads": torch.get_num_threads(), "seed": cfg.seed, **result, **meta})
+        write_jsonl(out / "results.jsonl", rows)
+    return aggregate(rows, out, publish=t.get("publish"))
+
+
+def aggregate(rows, out_dir, publish=None) -> float:
+    df = pd.DataFrame([r for r in rows if r["status"] == "ok"])
+    lines = []
+    for size, g in df.groupby("size", sort=False):
+        table = []
+        for method, m in g.groupby("method", sort=False):
+            row = {"method": method}
+            for r in m.sort_values("batch").itertuples():
+                mark = " (extrapolated)" if r.extrapolated else ""
+                row[f"s/image @{r.batch}"] = f"{r.seconds_per_image:.3g}{mark}"
+                row[f"images/s @{r.batch}"] = f"{r.images_per_s:.3g}"
+            b1 = m[m.batch == m.batch.min()].seconds_per_image.iloc[0]
+            for ref in ("softmax", "stateful-softmax"):
+                base = g[(g.method == ref) & (g.batch == m.batch.min())].seconds_per_image
+                if len(base) and method != ref:
+                    row[f"speed-up vs {ref}"] = f"{base.iloc[0] / b1:.3g}x"
+            row["paper CPU s/image @1"] = PAPER_CPU_S[size].get(method, "")
+            table.append(row)
+        lines += [f"{size} ({int(g.length.iloc[0])} values, {int(g.n_layers.iloc[0])} layers, "
+                  f"{g.dtype.iloc[0]}, {g.device.iloc[0]})", pd.DataFrame(table).fillna("").to_string(index=False), ""]
+    text = "\n".join(lines)
+    print(text)
+    for d in [out_dir] + ([REPO / publish] if publish else []):
+        atomic_write(d / "throughput.csv", rows_to_csv(rows))
+        atomic_write(d / "throughput.txt", text)
+    lin = df[(df.method == "linear")].seconds_per_image
+    return float(lin.min()) if len(lin) else float("nan")
