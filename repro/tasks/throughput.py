@@ -63,8 +63,12 @@ def _time_generation(model, length, batch, mode, budget, device, probes):
     positions = np.arange(1, done + 1)
     rest = np.arange(done + 1, length)
     if mode == "recurrent":  # constant (RNN state) or linearly growing (cache) cost per step
-        slope, intercept = np.polyfit(positions[done // 4:], per_step[done // 4:], 1)
-        estimate = float(np.clip(intercept + slope * rest, 0, None).sum())
+        fit = slice(done // 4, None)  # past the first steps' warm-up
+        if done - done // 4 >= 8:
+            slope, intercept = np.polyfit(positions[fit], per_step[fit], 1)
+            estimate = float(np.clip(intercept + slope * rest, 0, None).sum())
+        else:  # too few steps to see a trend
+            estimate = float(per_step[fit].mean() * len(rest))
     else:  # a forward pass over t tokens per step: time it at probe positions and integrate
         probe_at = np.unique(np.linspace(rest[0], rest[-1], probes).astype(int))
         costs = []
@@ -92,7 +96,6 @@ def run(cfg) -> float:
             raise ConfigError(f"task.methods.{label}.mode={m.mode!r}; valid: {', '.join(MODES)}")
         methods[label] = (m.attention, m.mode, compose_group("attention", m.attention))
     out, meta, rows = run_dir(cfg), provenance(device), []
-    torch.set_grad_enabled(False)
     jobs = [(s, label, b) for s in t.sizes for label in methods for b in t.batches]
     for size, label, batch in tqdm(jobs, desc="throughput", unit="run"):
         att_name, mode, att_cfg = methods[label]
