@@ -245,3 +245,16 @@ def test_torch_compile_and_autocast(on_cupy):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y = layer(x, causal=True)
     assert y.dtype == torch.bfloat16 and rel_err(y.float(), layer(x, causal=True)) <= 2e-2
+
+
+def test_bench_marks_absent_peers_missing():
+    """The benchmark imports its peers only if installed; an absent one is a 'missing' row."""
+    from repro.kernels import bench
+    methods = bench._methods()
+    assert set(bench.PEERS) <= set(methods) and methods["cupy"][0] is not None
+    for peer in ("fast_transformers", "fla_chunk"):
+        fn, why = methods[peer]
+        assert (fn is None) == (why is not None) and (why is None or why.startswith("missing"))
+    if not CUDA:
+        with pytest.raises(SystemExit, match="no CUDA device"):
+            bench.main(["--lengths", "1024"])
