@@ -58,6 +58,9 @@ def test_tile_constants_agree():
     assert defs["NTHREADS"] == 16 * 16 and defs["CHUNK"] == defs["TILE"] == 4 * 16  # 4 x 4 per thread
     step = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", cuda_build.source("recurrent_step.cu"))}
     assert step["STEP_THREADS"] == cupy_backend.STEP_THREADS
+    tc = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", cuda_build.source("causal_dot_tc.cu"))}
+    assert (tc["TC_CHUNK"], tc["TC_TILE"], tc["TC_THREADS"]) == (defs["CHUNK"], defs["TILE"], defs["NTHREADS"])
+    assert (tc["TC_P"], tc["TC_SP"]) == (cupy_backend.TC_P, cupy_backend.TC_SP) and tc["TC_P"] == emulate.TC_P
 
 
 def _np(*shape, rng):
@@ -165,12 +168,25 @@ def test_causal_dot_product_matches_naive(on_cupy, shape, dtype):
 @needs_gpu
 @pytest.mark.parametrize("cpg", [1, 2, 5])
 @pytest.mark.parametrize("rev", [False, True])
-def test_launch_group_sizes_and_reverse(on_cupy, cpg, rev):
-    q, k, v = (x.detach()[0] for x in _inputs(1, 3, 390, 37, 80, torch.float32))  # (BH, N, X)
-    out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=cpg)
+@pytest.mark.parametrize("dtype,tensor_cores", [(torch.float32, False), (torch.bfloat16, False),
+                                                (torch.bfloat16, True)])
+def test_launch_group_sizes_and_reverse(on_cupy, cpg, rev, dtype, tensor_cores):
+    q, k, v = (x.detach()[0] for x in _inputs(1, 3, 390, 37, 80, dtype))  # (BH, N, X)
+    out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=cpg, tensor_cores=tensor_cores)
     f = (lambda x: x.flip(1)) if rev else (lambda x: x)
     ref = f(causal_dot_product_naive(f(q), f(k), f(v)))
-    assert rel_err(out, ref) <= 1e-5
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@needs_gpu
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_bf16_normaliser_both_kernels(on_cupy, tensor_cores):
+    q, k, v = (x.detach()[0] for x in _inputs(1, 2, 300, 70, 90, torch.bfloat16, scale=0.5))
+    q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    out, den = cupy_backend.launch(q, k, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
+    ref = _linear_reference(q[None].double(), k[None].double(), v[None].double())[0]
+    assert rel_err(out, ref) <= 1e-2
+    assert rel_err(den, torch.einsum("bnf,bnf->bn", q.double(), k.double().cumsum(1))) <= 1e-5
 
 
 @needs_gpu
@@ -258,3 +274,20 @@ def test_bench_marks_absent_peers_missing():
     if not CUDA:
         with pytest.raises(SystemExit, match="no CUDA device"):
             bench.main(["--lengths", "1024"])
+
+
+def test_emulated_tensor_core_fragments_give_the_four_products():
+    """causal_dot_tc.cu's operand layouts: with each lane loading at the kernel's addresses and
+    the m16n8k16 fragment layout, the 8 warps compute Q K^T, Q S, A V and K^T V."""
+    rng = np.random.default_rng(3)
+    p = emulate.TC_P
+    q, k, v, a = (rng.standard_normal((64, 64)) for _ in range(4))
+    dp, d0 = 128, 64
+    s = rng.standard_normal((dp, 64))  # the state [d][m]; the kernel keeps S^T [m][d], pitch Dp + 8
+    st = emulate.store(s.T, dp + 8)
+    np.testing.assert_allclose(emulate.block_product(emulate.store(q, p), p, emulate.store(k, p), p, 64), q @ k.T)
+    np.testing.assert_allclose(emulate.block_product(emulate.store(q, p), p, st[d0:], dp + 8, 64),
+                               q @ s[d0:d0 + 64])
+    np.testing.assert_allclose(emulate.block_product(emulate.store(a, p), p, emulate.store(v.T, p), p, 64), a @ v)
+    np.testing.assert_allclose(emulate.block_product(emulate.store(k.T, p), p, emulate.store(v.T, p), p, 64),
+                               k.T @ v)

@@ -12,31 +12,7 @@
 // Z = sum_j k_j and writes out_i / (q_i . Z_i + eps): the whole causal linear attention.
 // All arithmetic is fp32 FMA; inputs are fp32, bf16 or fp16 and outputs have the input type.
 //
-// No #include: bf16/fp16 are converted with PTX so NVRTC needs no CUDA headers.
-
-struct bf16_t { unsigned short bits; };
-struct f16_t { unsigned short bits; };
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((unsigned int)x.bits) << 16); }
-__device__ __forceinline__ float to_f(f16_t x) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
-    return f;
-}
-
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float x) {
-    bf16_t r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
-    return r;
-}
-template <> __device__ __forceinline__ f16_t from_f<f16_t>(float x) {
-    f16_t r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
-    return r;
-}
+// dtypes.cuh (bf16_t, f16_t, to_f, from_f) is prepended by cuda_build.py.
 
 // Tile geometry, mirrored in cupy_backend.py (shared memory sizes) and emulate.py.
 #define CHUNK 64     // tokens per chunk

@@ -23,12 +23,16 @@ SOURCES = {
                       for kern in ("cdp_group_states", "cdp_chunks") for t in DTYPES
                       for rev, norm in ((False, False), (True, False), (False, True))]
                      + ["cdp_scan_states"],
+    "causal_dot_tc.cu": [f"cdp_chunks_tc<bf16_t,{_bool(rev)},{_bool(norm)}>"
+                         for rev, norm in ((False, False), (True, False), (False, True))],
     "recurrent_step.cu": [f"linear_step<{t}>" for t in DTYPES],
 }
+PRELUDE = "dtypes.cuh"  # prepended to every source: the 16-bit types and their conversions
 
 
 def source(name: str) -> str:
-    return (HERE / name).read_text()
+    """The text NVRTC compiles: the prelude, then the file."""
+    return (HERE / PRELUDE).read_text() + f'#line 1 "{name}"\n' + (HERE / name).read_text()
 
 
 def nvrtc_check(name: str, arch: str) -> dict:
@@ -54,7 +58,8 @@ def nvcc_instantiation_unit(name: str) -> str:
     """A translation unit for nvcc that includes `name` and takes the address of every
     instance, so nvcc compiles each one as the NVRTC build does."""
     refs = ",\n    ".join(f"(const void*)&{expr}" for expr in SOURCES[name])
-    return f'#include "{HERE / name}"\nconst void* repro_instances[] = {{\n    {refs}\n}};\n'
+    return (f'#include "{HERE / PRELUDE}"\n#include "{HERE / name}"\n'
+            f'const void* repro_instances[] = {{\n    {refs}\n}};\n')
 
 
 @lru_cache(maxsize=None)

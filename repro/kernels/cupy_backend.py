@@ -29,7 +29,11 @@ from . import cuda_build
 # the commit in the commit message.
 GPU_VERIFIED = False
 
+# bf16 products on tensor cores (causal_dot_tc.cu); fp32 and fp16 always take the FMA kernel.
+TENSOR_CORES = True
+
 CHUNK, TILE, PITCH, NTHREADS = 64, 64, 65, 256  # causal_dot.cu's tile geometry
+TC_P, TC_SP = 72, 72  # causal_dot_tc.cu's tile pitches
 STEP_THREADS = 128  # recurrent_step.cu
 KERNEL_DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 
@@ -51,6 +55,11 @@ def _smem_chunks(d):
     return 4 * (d * TILE + d + 4 * CHUNK * PITCH + CHUNK)
 
 
+def _smem_chunks_tc(d):
+    dp = math.ceil(d / TILE) * TILE
+    return 4 * (dp * TC_SP + CHUNK * TC_SP + dp + CHUNK) + 2 * (4 * CHUNK * TC_P + TILE * (dp + 8))
+
+
 def _smem_group_states(d):
     return 4 * (d * TILE + d + 2 * CHUNK * PITCH)
 
@@ -58,6 +67,8 @@ def _smem_group_states(d):
 def _device_reason(q, dims, what):
     if not q.is_cuda:
         return f"the CuPy backend runs CUDA tensors only (inputs are on {q.device})"
+    if torch.cuda.get_device_capability(q.device) < (8, 0):
+        return "the CuPy kernels need compute capability 8.0 or newer (bf16 conversions, mma.sync)"
     if q.dtype not in KERNEL_DTYPES:
         return (f"the CuPy kernels take {', '.join(str(t) for t in KERNEL_DTYPES)}; "
                 f"{q.dtype} runs on the torch path")
@@ -126,8 +137,9 @@ def _stream(device):
 
 
 def _kernel(name, device_index, smem):
-    kern = cuda_build.module("causal_dot.cu" if name.startswith("cdp") else "recurrent_step.cu",
-                             device_index).get_function(name)
+    source = ("causal_dot_tc.cu" if name.startswith("cdp_chunks_tc") else
+              "causal_dot.cu" if name.startswith("cdp") else "recurrent_step.cu")
+    kern = cuda_build.module(source, device_index).get_function(name)
     if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem  # opt in beyond the default 48 KiB
     return kern
@@ -146,10 +158,11 @@ def _empty(shape, dtype, device):
     return torch.full(shape, PREFILL, dtype=dtype, device=device)
 
 
-def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None):
+def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None):
     """The three launches on contiguous (BH, N, D), (BH, N, D), (BH, N, M) tensors of one dtype.
     Returns out (BH, N, M) in that dtype and, when norm, den (BH, N) fp32 (q_i . Z_i).
-    `cpg` (chunks per group) is chosen from the GPU's size unless given (tests vary it)."""
+    `cpg` (chunks per group) is chosen from the GPU's size unless given, and bf16 takes the
+    tensor-core kernel when TENSOR_CORES and it fits, unless `tensor_cores` says (tests vary both)."""
     import cupy
 
     bh, n, d = q.shape
@@ -162,6 +175,10 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None):
     out = _empty((bh, n, m), q.dtype, dev)
     den = _empty((bh, n), torch.float32, dev) if norm else None
     states = _empty((bh, n_groups, d, mtot), torch.float32, dev) if n_groups > 1 else None
+    props = torch.cuda.get_device_properties(dev)
+    if tensor_cores is None:
+        tensor_cores = TENSOR_CORES and _smem_chunks_tc(d) <= props.shared_memory_per_block_optin
+    tensor_cores = tensor_cores and q.dtype == torch.bfloat16
     i32 = np.int32
     with cupy.cuda.Device(dev.index), _stream(dev):
         if states is not None:
@@ -174,8 +191,8 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None):
             _kernel("cdp_scan_states", dev.index, 0)(
                 (math.ceil(bh * per_slot / 256),), (256,),
                 (_ptr(states), np.int64(bh), i32(per_slot), i32(n_groups)))
-        smem = _smem_chunks(d)
-        _kernel(f"cdp_chunks<{flags}>", dev.index, smem)(
+        smem = _smem_chunks_tc(d) if tensor_cores else _smem_chunks(d)
+        _kernel(f"cdp_chunks{'_tc' if tensor_cores else ''}<{flags}>", dev.index, smem)(
             (bh, n_groups, n_mt), (NTHREADS,),
             (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
              i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups), np.float32(eps)),

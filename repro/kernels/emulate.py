@@ -122,3 +122,57 @@ def causal_dot_product(q, k, v, cpg, rev=False, norm=False, eps=1e-6):
         scan_states(states)
     chunks(q, k, v, states, out, den, cpg, n_groups, rev, norm, eps)
     return out, den
+
+
+# --------------------------------------------------------------------------- causal_dot_tc.cu
+
+TC_P = 72  # causal_dot_tc.cu's pitch of 16-bit tiles
+
+
+def mma_k16(acc, x, px, yt, py, r0, c0, k0):
+    """One warp's mma_k16 of causal_dot_tc.cu: acc (32 lanes, 4 n-tiles, 4) += X[r0.., k0..+16)
+    times Y[k0..+16, c0 + 8 nt..), each lane loading its fragment pairs from the flat arrays x
+    (X row-major, pitch px) and yt (Y transposed, pitch py) at the kernel's addresses, and the
+    m16n8k16 fragment layout (PTX ISA) deciding which matrix element each register holds."""
+    a = np.zeros((16, 16))
+    b = np.zeros((4, 16, 8))
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for reg, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            base = (r0 + (g + 8 if reg % 2 else g)) * px + k0 + 2 * t + (8 if reg >= 2 else 0)  # kernel's a[reg]
+            a[row, col:col + 2] = x[base:base + 2]
+        for nt in range(4):
+            y = (c0 + 8 * nt + g) * py + k0 + 2 * t  # kernel's b pointer
+            b[nt, 2 * t:2 * t + 2, g] = yt[y:y + 2]
+            b[nt, 2 * t + 8:2 * t + 10, g] = yt[y + 8:y + 10]
+    for nt in range(4):
+        d = a @ b[nt]  # (16, 8): what the tensor core computes
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            acc[lane, nt] += (d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
+
+
+def block_product(x, px, yt, py, kdim):
+    """The (64, 64) product the kernel's 8 warps compute with mma_k16 over kdim (a multiple of
+    16), gathered from the lanes' accumulators at the kernel's (row, col) of each element."""
+    out = np.full((64, 64), np.nan)
+    for warp in range(8):
+        r0, c0 = (warp % 4) * 16, (warp // 4) * 32
+        acc = np.zeros((32, 4, 4))
+        for k0 in range(0, kdim, 16):
+            mma_k16(acc, x, px, yt, py, r0, c0, k0)
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            for nt in range(4):
+                for e in range(4):
+                    out[r0 + g + 8 * (e // 2), c0 + 8 * nt + 2 * t + e % 2] = acc[lane, nt, e]
+    return out
+
+
+def store(tile, pitch, rows=None):
+    """A (R, C) array as the kernel's flat shared-memory tile with the given row pitch."""
+    rows = rows or tile.shape[0]
+    flat = np.zeros(rows * pitch)
+    for r in range(tile.shape[0]):
+        flat[r * pitch:r * pitch + tile.shape[1]] = tile[r]
+    return flat

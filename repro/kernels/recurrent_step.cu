@@ -3,31 +3,7 @@
 // S (BH, D, M) and Z (BH, D) are fp32 and updated in place; q, k (BH, D), v (BH, M) and out
 // (BH, M) are fp32, bf16 or fp16. grid (BH), block STEP_THREADS; smem floats: 2 D + STEP_THREADS.
 // One block owns a (batch, head), so its Z update and the normaliser that reads it are ordered
-// by __syncthreads alone. No #include: see causal_dot.cu.
-
-struct bf16_t { unsigned short bits; };
-struct f16_t { unsigned short bits; };
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((unsigned int)x.bits) << 16); }
-__device__ __forceinline__ float to_f(f16_t x) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
-    return f;
-}
-
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float x) {
-    bf16_t r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
-    return r;
-}
-template <> __device__ __forceinline__ f16_t from_f<f16_t>(float x) {
-    f16_t r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
-    return r;
-}
+// by __syncthreads alone. dtypes.cuh is prepended by cuda_build.py.
 
 #define STEP_THREADS 128  // a power of two: the tree reduction below halves it
 
