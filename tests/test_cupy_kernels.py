@@ -291,3 +291,25 @@ def test_emulated_tensor_core_fragments_give_the_four_products():
     np.testing.assert_allclose(emulate.block_product(emulate.store(a, p), p, emulate.store(v.T, p), p, 64), a @ v)
     np.testing.assert_allclose(emulate.block_product(emulate.store(k.T, p), p, emulate.store(v.T, p), p, 64),
                                k.T @ v)
+
+
+def test_ops_trace_with_fake_cuda_tensors():
+    """What torch.compile sees of the custom ops: shapes and dtypes of outputs and of the
+    backward ops' gradients, on fake CUDA tensors (no GPU needed; the autograd engine itself
+    needs a device, so the backward ops are called directly)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k = (torch.empty(2, 3, 37, 5, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        v = torch.empty(2, 3, 37, 7, device="cuda", dtype=torch.bfloat16)
+        out = cupy_backend.causal_dot_product(q, k, v)
+        assert out.shape == (2, 3, 37, 7) and out.dtype == torch.bfloat16
+        grads = torch.ops.repro.causal_dot_product_backward(q, k, v, out)
+        assert [(g.shape, g.dtype) for g in grads] == [(x.shape, x.dtype) for x in (q, k, v)]
+        y, den = torch.ops.repro.causal_linear_attention(q, k, v, 1e-6)
+        assert y.shape == out.shape and y.dtype == torch.bfloat16
+        assert den.shape == (2, 3, 37) and den.dtype == torch.float32
+        grads = torch.ops.repro.causal_linear_attention_backward(q, k, v, y, den, y, None, 1e-6)
+        assert [(g.shape, g.dtype) for g in grads] == [(x.shape, x.dtype) for x in (q, k, v)]
+        S, Z = torch.empty(2, 3, 5, 7, device="cuda"), torch.empty(2, 3, 5, device="cuda")
+        step = cupy_backend.linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z, 1e-6)
+        assert step.shape == (2, 3, 7) and step.dtype == torch.bfloat16

@@ -202,3 +202,63 @@ cdp_chunks_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
         }
     }
 }
+
+// Tensor-core variant of cdp_group_states: slot g + 1 of `states` gets group g's
+// sum_j k_j v_j^T (and sum_j k_j when NORM), grid (BH, n_groups - 1, n_mtiles).
+// smem bytes: 4 (Dp TC_SP + Dp) + 2 (2 CHUNK TC_P).
+template <typename T, bool REV, bool NORM>
+__global__ void __launch_bounds__(TC_THREADS)
+cdp_group_states_tc(const T* __restrict__ k, const T* __restrict__ v, float* __restrict__ states,
+                    int N, int D, int M, int Mtot, int cpg, int n_groups) {
+    extern __shared__ float smem[];
+    const int Dp = (D + TC_TILE - 1) / TC_TILE * TC_TILE;
+    float* Ss = smem;                         // [Dp][TC_SP]
+    float* Zs = Ss + Dp * TC_SP;              // [Dp]
+    u16* Kt = reinterpret_cast<u16*>(Zs + Dp);  // [d][token]
+    u16* Vt = Kt + TC_CHUNK * TC_P;           // [m][token]
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int r0 = (warp % 4) * 16, c0 = (warp / 4) * 32;
+    const long long bh = blockIdx.x;
+    const int grp = blockIdx.y, m0 = blockIdx.z * TC_TILE;
+    const int n_chunks = (N + TC_CHUNK - 1) / TC_CHUNK;
+    k += bh * N * D;
+    v += bh * N * M;
+    for (int i = tid; i < Dp * TC_SP; i += TC_THREADS) Ss[i] = 0.f;
+    for (int d = tid; d < Dp; d += TC_THREADS) Zs[d] = 0.f;
+    __syncthreads();
+    const int c_end = min(n_chunks, (grp + 1) * cpg);
+    for (int chunk = grp * cpg; chunk < c_end; ++chunk) {
+        const int t0 = chunk * TC_CHUNK;
+        load_tile16<T, REV, true>(Vt, v, t0, N, M, m0);
+        for (int d0 = 0; d0 < Dp; d0 += TC_TILE) {
+            load_tile16<T, REV, true>(Kt, k, t0, N, D, d0);
+            __syncthreads();
+            float s[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[nt][e] = Ss[(d0 + r0 + g + 8 * (e / 2)) * TC_SP + c0 + 8 * nt + 2 * t4 + e % 2];
+#pragma unroll
+            for (int kk = 0; kk < TC_CHUNK; kk += 16) mma_k16<T>(s, Kt, TC_P, Vt, TC_P, r0, c0, kk);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    Ss[(d0 + r0 + g + 8 * (e / 2)) * TC_SP + c0 + 8 * nt + 2 * t4 + e % 2] = s[nt][e];
+            if (NORM && tid < TC_TILE) {
+                float z = 0.f;
+                for (int j = 0; j < TC_CHUNK; ++j) z += to_f(T{Kt[tid * TC_P + j]});
+                Zs[d0 + tid] += z;
+            }
+            __syncthreads();
+        }
+    }
+    float* out = states + (bh * n_groups + grp + 1) * (long long)D * Mtot;
+    for (int i = tid; i < D * TC_TILE; i += TC_THREADS) {
+        const int d = i / TC_TILE, c = i % TC_TILE;
+        if (m0 + c < M) out[(long long)d * Mtot + m0 + c] = Ss[d * TC_SP + c];
+    }
+    if (NORM && blockIdx.z == 0)
+        for (int d = tid; d < D; d += TC_THREADS) out[(long long)d * Mtot + M] = Zs[d];
+}

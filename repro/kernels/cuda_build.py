@@ -23,7 +23,8 @@ SOURCES = {
                       for kern in ("cdp_group_states", "cdp_chunks") for t in DTYPES
                       for rev, norm in ((False, False), (True, False), (False, True))]
                      + ["cdp_scan_states"],
-    "causal_dot_tc.cu": [f"cdp_chunks_tc<bf16_t,{_bool(rev)},{_bool(norm)}>"
+    "causal_dot_tc.cu": [f"{kern}<bf16_t,{_bool(rev)},{_bool(norm)}>"
+                         for kern in ("cdp_group_states_tc", "cdp_chunks_tc")
                          for rev, norm in ((False, False), (True, False), (False, True))],
     "recurrent_step.cu": [f"linear_step<{t}>" for t in DTYPES],
 }

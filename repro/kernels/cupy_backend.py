@@ -60,6 +60,11 @@ def _smem_chunks_tc(d):
     return 4 * (dp * TC_SP + CHUNK * TC_SP + dp + CHUNK) + 2 * (4 * CHUNK * TC_P + TILE * (dp + 8))
 
 
+def _smem_group_states_tc(d):
+    dp = math.ceil(d / TILE) * TILE
+    return 4 * (dp * TC_SP + dp) + 2 * (2 * CHUNK * TC_P)
+
+
 def _smem_group_states(d):
     return 4 * (d * TILE + d + 2 * CHUNK * PITCH)
 
@@ -137,7 +142,7 @@ def _stream(device):
 
 
 def _kernel(name, device_index, smem):
-    source = ("causal_dot_tc.cu" if name.startswith("cdp_chunks_tc") else
+    source = ("causal_dot_tc.cu" if "_tc<" in name else
               "causal_dot.cu" if name.startswith("cdp") else "recurrent_step.cu")
     kern = cuda_build.module(source, device_index).get_function(name)
     if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
@@ -167,23 +172,24 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
 
     bh, n, d = q.shape
     m, dev, t = v.shape[-1], q.device, KERNEL_DTYPES[q.dtype]
+    props = torch.cuda.get_device_properties(dev)
     n_chunks, n_mt = math.ceil(n / CHUNK), math.ceil(m / TILE)
-    cpg = cpg or chunks_per_group(bh * n_mt, n_chunks, torch.cuda.get_device_properties(dev).multi_processor_count)
+    cpg = cpg or chunks_per_group(bh * n_mt, n_chunks, props.multi_processor_count)
     n_groups = math.ceil(n_chunks / cpg)
     mtot = m + 1 if norm else m
     flags = f"{t},{'true' if rev else 'false'},{'true' if norm else 'false'}"
     out = _empty((bh, n, m), q.dtype, dev)
     den = _empty((bh, n), torch.float32, dev) if norm else None
     states = _empty((bh, n_groups, d, mtot), torch.float32, dev) if n_groups > 1 else None
-    props = torch.cuda.get_device_properties(dev)
     if tensor_cores is None:
         tensor_cores = TENSOR_CORES and _smem_chunks_tc(d) <= props.shared_memory_per_block_optin
     tensor_cores = tensor_cores and q.dtype == torch.bfloat16
     i32 = np.int32
     with cupy.cuda.Device(dev.index), _stream(dev):
+        tc = "_tc" if tensor_cores else ""
         if states is not None:
-            smem = _smem_group_states(d)
-            _kernel(f"cdp_group_states<{flags}>", dev.index, smem)(
+            smem = _smem_group_states_tc(d) if tensor_cores else _smem_group_states(d)
+            _kernel(f"cdp_group_states{tc}<{flags}>", dev.index, smem)(
                 (bh, n_groups - 1, n_mt), (NTHREADS,),
                 (_ptr(k), _ptr(v), _ptr(states), i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups)),
                 shared_mem=smem)
@@ -192,7 +198,7 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
                 (math.ceil(bh * per_slot / 256),), (256,),
                 (_ptr(states), np.int64(bh), i32(per_slot), i32(n_groups)))
         smem = _smem_chunks_tc(d) if tensor_cores else _smem_chunks(d)
-        _kernel(f"cdp_chunks{'_tc' if tensor_cores else ''}<{flags}>", dev.index, smem)(
+        _kernel(f"cdp_chunks{tc}<{flags}>", dev.index, smem)(
             (bh, n_groups, n_mt), (NTHREADS,),
             (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
              i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups), np.float32(eps)),
