@@ -4,7 +4,8 @@
     python -m repro.kernels.bench --lengths 1024 16384 --dtypes bf16 --repeats 20
 
 Methods (a peer that is not installed gets one 'missing' row, never an import error):
-  cupy          this suite's CUDA kernels (repro.kernels.cupy_backend), whatever the switch says
+  cupy          this suite's CUDA kernels (repro.kernels.cupy_backend), whatever its GPU_VERIFIED
+                switch says (bf16 on tensor cores, fp32 on the FMA kernel)
   cupy_norm     the same with the normaliser fused (the whole causal linear attention)
   torch         the chunked PyTorch path (repro.kernels.chunked)
   fast_transformers   the authors' CUDA kernel (PyPI pytorch-fast-transformers)
@@ -148,7 +149,7 @@ def main(argv=None):
                 for name in args.methods:
                     fn, why = methods[name]
                     row = {**base, "task": "kernels.bench", "method": name, "pass": pass_name,
-                           "dtype": dtype_name, "batch": b, "heads": h, "n": n, "d": d, "m": d,
+                           "dtype": dtype_name, "batch": b, "heads": h, "n": n, "d": d, "m": d, "seed": n,
                            "copy_bandwidth_gbs": bandwidth / 1e9, "floor_ms": floor_ms}
                     if fn is None:
                         rows.append({**row, "status": why})
