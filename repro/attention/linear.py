@@ -13,6 +13,18 @@ from .base import AttentionLayer
 from .feature_maps import EluFeatureMap
 
 
+def _cupy_if(reason_fn, *tensors):
+    """The CuPy backend module when its fused kernel takes these CUDA tensors, else None (CPU
+    tensors never import it, so CPU behaviour is the torch code below, unchanged)."""
+    if not tensors[0].is_cuda:
+        return None
+    try:
+        from ..kernels import cupy_backend
+    except ImportError:
+        return None
+    return cupy_backend if getattr(cupy_backend, reason_fn)(*tensors) is None else None
+
+
 def _acc(dtype):
     # Sums over the sequence run in fp32 (fp64 for fp64): sum phi(K) overflows fp16 otherwise.
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -37,6 +49,8 @@ class LinearAttention(AttentionLayer):
         if key_padding_mask is not None:
             k = k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
         acc = _acc(q.dtype)
+        if causal and (cb := _cupy_if("linear_attention_unsupported_reason", q, k, v)):
+            return cb.causal_linear_attention(q, k, v, self.eps)  # numerator and normaliser in one pass
         if causal:
             num = causal_dot_product(q, k, v).to(acc)  # (B, H, N, M)
             den = torch.einsum("bhnf,bhnf->bhn", q.to(acc), k.to(acc).cumsum(2))
@@ -48,10 +62,13 @@ class LinearAttention(AttentionLayer):
 
     def attend_step(self, q, k, v, state: LinearState | None):
         q, k = self.feature_map(q), self.feature_map(k)  # (B, H, F)
+        if state is None:
+            acc = _acc(q.dtype)
+            state = LinearState(q.new_zeros(*q.shape, v.shape[-1], dtype=acc), q.new_zeros(q.shape, dtype=acc))
+        if cb := _cupy_if("step_unsupported_reason", q, k, v, state.S, state.Z):
+            return cb.linear_attention_step(q, k, v, state.S, state.Z, self.eps), state  # one launch
         dtype, acc = v.dtype, _acc(q.dtype)
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
-        if state is None:
-            state = LinearState(k.new_zeros(*k.shape, v.shape[-1]), k.new_zeros(k.shape))
         state.S += k[..., :, None] * v[..., None, :]
         state.Z += k
         num = (q[..., None, :] @ state.S)[..., 0, :]  # (B, H, M)

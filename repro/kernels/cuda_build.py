@@ -1,0 +1,72 @@
+"""The CUDA sources of the CuPy backend, their template instances, and how they are compiled.
+
+Each .cu file beside this module is compiled at first use by cupy.RawModule (NVRTC, for the
+GPU in use; CuPy caches the binary on disk) with the instances named here. `nvrtc_check`
+compiles the same source and instances for a given architecture without a GPU or driver, which
+is what the CPU tests use so that a kernel that does not compile cannot land.
+"""
+from functools import lru_cache
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OPTIONS = ("-std=c++17",)
+DTYPES = ("float", "bf16_t", "f16_t")  # kernel-side names of fp32, bf16, fp16
+
+
+def _bool(b):
+    return "true" if b else "false"
+
+
+# Every template instance the Python side launches: (file, [name expressions]).
+SOURCES = {
+    "causal_dot.cu": [f"{kern}<{t},{_bool(rev)},{_bool(norm)}>"
+                      for kern in ("cdp_group_states", "cdp_chunks") for t in DTYPES
+                      for rev, norm in ((False, False), (True, False), (False, True))]
+                     + ["cdp_scan_states"],
+    "causal_dot_tc.cu": [f"{kern}<bf16_t,{_bool(rev)},{_bool(norm)}>"
+                         for kern in ("cdp_group_states_tc", "cdp_chunks_tc")
+                         for rev, norm in ((False, False), (True, False), (False, True))],
+    "recurrent_step.cu": [f"linear_step<{t}>" for t in DTYPES],
+}
+PRELUDE = "dtypes.cuh"  # prepended to every source: the 16-bit types and their conversions
+
+
+def source(name: str) -> str:
+    """The text NVRTC compiles: the prelude, then the file."""
+    return (HERE / PRELUDE).read_text() + f'#line 1 "{name}"\n' + (HERE / name).read_text()
+
+
+def nvrtc_check(name: str, arch: str) -> dict:
+    """Compile `name` for `arch` (e.g. "sm_90") with NVRTC; {instance: lowered name}.
+    Raises RuntimeError with the compiler log on failure."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source(name), name, [], [])
+    try:
+        for expr in SOURCES[name]:
+            nvrtc.addNameExpression(prog, expr)
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *OPTIONS])
+        except nvrtc.NVRTCError as err:
+            raise RuntimeError(f"NVRTC could not compile {name} for {arch}: {err}\n"
+                               f"{nvrtc.getProgramLog(prog)}") from None
+        return {expr: nvrtc.getLoweredName(prog, expr) for expr in SOURCES[name]}
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def nvcc_instantiation_unit(name: str) -> str:
+    """A translation unit for nvcc that includes `name` and takes the address of every
+    instance, so nvcc compiles each one as the NVRTC build does."""
+    refs = ",\n    ".join(f"(const void*)&{expr}" for expr in SOURCES[name])
+    return (f'#include "{HERE / PRELUDE}"\n#include "{HERE / name}"\n'
+            f'const void* repro_instances[] = {{\n    {refs}\n}};\n')
+
+
+@lru_cache(maxsize=None)
+def module(name: str, device_index: int):
+    """The compiled cupy.RawModule of `name` for one GPU (compiled for that GPU's arch)."""
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        return cupy.RawModule(code=source(name), options=OPTIONS, name_expressions=SOURCES[name])

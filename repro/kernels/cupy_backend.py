@@ -1,0 +1,347 @@
+"""The CuPy backend: raw CUDA kernels behind torch ops. causal_dot.cu (chunked causal product,
+fp32 FMA, every dtype), causal_dot_tc.cu (its bf16 twin on tensor cores), recurrent_step.cu.
+
+    causal_dot_product(q, k, v)                  the dispatcher's op: sum_{j<=i} (q_i . k_j) v_j
+    causal_linear_attention(q, k, v, eps)        the same with the normaliser fused:
+                                                 out_i / (q_i . sum_{j<=i} k_j + eps)
+    linear_attention_step(q, k, v, S, Z, eps)    one generation step, S and Z updated in place
+
+Each is a torch.library.custom_op with its backward registered, so it runs inside
+torch.compile'd models and under autocast (it takes the dtype it is given: fp32, bf16 or fp16
+in, fp32 accumulation, the input dtype out). Kernels launch on torch's current stream.
+The backward is the paper's cumulative-sum form with no stored per-step states:
+    grad q = causal(g, v, k),  grad k = reverse-causal(v, g, q),  grad v = reverse-causal(k, q, g)
+where reverse-causal runs the forward kernel backwards in time.
+"""
+import math
+import os
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import cuda_build
+
+# THE SWITCH. False until tests/test_cupy_kernels.py has passed on a real GPU: until then the
+# dispatcher and the attention module use these kernels only under REPRO_KERNEL=cupy, and the
+# torch path stays the default on CUDA. To flip it, on a machine with a GPU run
+#     REPRO_KERNEL=cupy python -m pytest -q tests/test_cupy_kernels.py
+# and, when every test passes (none skipped), set GPU_VERIFIED = True and note the GPU and
+# the commit in the commit message.
+GPU_VERIFIED = False
+
+# bf16 products on tensor cores (causal_dot_tc.cu); fp32 and fp16 always take the FMA kernel.
+TENSOR_CORES = True
+
+CHUNK, TILE, PITCH, NTHREADS = 64, 64, 65, 256  # causal_dot.cu's tile geometry
+TC_P, TC_SP = 72, 72  # causal_dot_tc.cu's tile pitches
+STEP_THREADS = 128  # recurrent_step.cu
+KERNEL_DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
+
+# Tests set this to float("nan") so that any output element a kernel fails to write shows up.
+PREFILL = None
+
+
+def _gate_reason():
+    forced = os.environ.get("REPRO_KERNEL", "").strip().lower()
+    if forced == "torch":
+        return "forced to the torch path by REPRO_KERNEL=torch"
+    if not GPU_VERIFIED and forced != "cupy":
+        return ("the CuPy kernels are compile-checked but not yet verified on a GPU "
+                "(cupy_backend.GPU_VERIFIED is False); set REPRO_KERNEL=cupy to use them")
+    return None
+
+
+def _smem_chunks(d):
+    return 4 * (d * TILE + d + 4 * CHUNK * PITCH + CHUNK)
+
+
+def _smem_chunks_tc(d):
+    dp = math.ceil(d / TILE) * TILE
+    return 4 * (dp * TC_SP + CHUNK * TC_SP + dp + CHUNK) + 2 * (4 * CHUNK * TC_P + TILE * (dp + 8))
+
+
+def _smem_group_states_tc(d):
+    dp = math.ceil(d / TILE) * TILE
+    return 4 * (dp * TC_SP + dp) + 2 * (2 * CHUNK * TC_P)
+
+
+def _smem_group_states(d):
+    return 4 * (d * TILE + d + 2 * CHUNK * PITCH)
+
+
+def _device_reason(q, dims, what):
+    if not q.is_cuda:
+        return f"the CuPy backend runs CUDA tensors only (inputs are on {q.device})"
+    if torch.cuda.get_device_capability(q.device) < (8, 0):
+        return "the CuPy kernels need compute capability 8.0 or newer (bf16 conversions, mma.sync)"
+    if q.dtype not in KERNEL_DTYPES:
+        return (f"the CuPy kernels take {', '.join(str(t) for t in KERNEL_DTYPES)}; "
+                f"{q.dtype} runs on the torch path")
+    try:
+        import cupy  # noqa: F401
+    except ImportError as err:
+        return f"CuPy is not importable: {err}"
+    # The backward runs the kernel with the roles of D and M swapped, the normalised backward
+    # with M + 1 (a column of ones): every key width the kernels will see must fit in smem.
+    optin = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
+    need = _smem_chunks(max(dims))
+    if need > optin:
+        return (f"{what} with head dims {dims} needs {need} bytes of shared memory per block; "
+                f"this GPU allows {optin}")
+    return None
+
+
+def unsupported_reason(q, k, v):
+    """None when causal_dot_product can take q, k, v, else why not (the dispatcher's hook)."""
+    return _gate_reason() or _shape_reason(q, v) or _device_reason(q, (q.shape[-1], v.shape[-1]),
+                                                                   "causal_dot_product")
+
+
+def linear_attention_unsupported_reason(q, k, v):
+    """None when causal_linear_attention can take q, k, v, else why not."""
+    if not (q.dtype == k.dtype == v.dtype and q.shape == k.shape and q.shape[:-1] == v.shape[:-1]):
+        return "q, k, v must share a dtype and (..., N) with q, k of one shape"
+    return _gate_reason() or _shape_reason(q, v) or _device_reason(
+        q, (q.shape[-1], v.shape[-1] + 1), "causal_linear_attention")
+
+
+def step_unsupported_reason(q, k, v, S, Z):
+    """None when linear_attention_step can take these, else why not."""
+    reason = _gate_reason() or _device_reason(q, (1,), "linear_attention_step")
+    if reason:
+        return reason
+    if not (q.dtype == k.dtype == v.dtype):
+        return f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}"
+    d, m = q.shape[-1], v.shape[-1]
+    if S.shape != (*q.shape, m) or Z.shape != q.shape or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
+        return "shapes must be q, k (..., D), v (..., M), S (..., D, M), Z (..., D)"
+    if S.dtype != torch.float32 or Z.dtype != torch.float32 or not (S.is_contiguous() and Z.is_contiguous()):
+        return f"the state must be contiguous fp32 (got S {S.dtype}, Z {Z.dtype})"
+    if 4 * (2 * d + STEP_THREADS) > torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin:
+        return f"D={d} is too large for the step kernel's shared memory"
+    return None
+
+
+def _shape_reason(q, v):
+    if q.dim() < 2 or q.shape[-2] == 0:
+        return f"the kernels need a non-empty sequence; got q {tuple(q.shape)}"
+    if math.prod(q.shape[:-2]) >= 2 ** 31:
+        return f"batch x heads = {math.prod(q.shape[:-2])} exceeds the kernels' grid"
+    return None
+
+
+# --------------------------------------------------------------------------- launching
+
+def _ptr(t):
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def _stream(device):
+    import cupy
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device.index)
+
+
+def _kernel(name, device_index, smem):
+    source = ("causal_dot_tc.cu" if "_tc<" in name else
+              "causal_dot.cu" if name.startswith("cdp") else "recurrent_step.cu")
+    kern = cuda_build.module(source, device_index).get_function(name)
+    if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
+        kern.max_dynamic_shared_size_bytes = smem  # opt in beyond the default 48 KiB
+    return kern
+
+
+def chunks_per_group(blocks_per_group, n_chunks, n_sms):
+    """Chunks each block walks in sequence: enough groups for ~4 blocks per SM, no more (each
+    extra group costs a (D, M) state written, scanned and read)."""
+    n_groups = max(1, min(n_chunks, math.ceil(4 * n_sms / blocks_per_group)))
+    return math.ceil(n_chunks / n_groups)
+
+
+def _empty(shape, dtype, device):
+    if PREFILL is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.full(shape, PREFILL, dtype=dtype, device=device)
+
+
+def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None):
+    """The three launches on contiguous (BH, N, D), (BH, N, D), (BH, N, M) tensors of one dtype.
+    Returns out (BH, N, M) in that dtype and, when norm, den (BH, N) fp32 (q_i . Z_i).
+    `cpg` (chunks per group) is chosen from the GPU's size unless given, and bf16 takes the
+    tensor-core kernel when TENSOR_CORES and it fits, unless `tensor_cores` says (tests vary both)."""
+    import cupy
+
+    bh, n, d = q.shape
+    m, dev, t = v.shape[-1], q.device, KERNEL_DTYPES[q.dtype]
+    props = torch.cuda.get_device_properties(dev)
+    n_chunks, n_mt = math.ceil(n / CHUNK), math.ceil(m / TILE)
+    cpg = cpg or chunks_per_group(bh * n_mt, n_chunks, props.multi_processor_count)
+    n_groups = math.ceil(n_chunks / cpg)
+    mtot = m + 1 if norm else m
+    flags = f"{t},{'true' if rev else 'false'},{'true' if norm else 'false'}"
+    out = _empty((bh, n, m), q.dtype, dev)
+    den = _empty((bh, n), torch.float32, dev) if norm else None
+    states = _empty((bh, n_groups, d, mtot), torch.float32, dev) if n_groups > 1 else None
+    if tensor_cores is None:
+        tensor_cores = TENSOR_CORES and _smem_chunks_tc(d) <= props.shared_memory_per_block_optin
+    tensor_cores = tensor_cores and q.dtype == torch.bfloat16
+    i32 = np.int32
+    with cupy.cuda.Device(dev.index), _stream(dev):
+        tc = "_tc" if tensor_cores else ""
+        if states is not None:
+            smem = _smem_group_states_tc(d) if tensor_cores else _smem_group_states(d)
+            _kernel(f"cdp_group_states{tc}<{flags}>", dev.index, smem)(
+                (bh, n_groups - 1, n_mt), (NTHREADS,),
+                (_ptr(k), _ptr(v), _ptr(states), i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups)),
+                shared_mem=smem)
+            per_slot = d * mtot
+            _kernel("cdp_scan_states", dev.index, 0)(
+                (math.ceil(bh * per_slot / 256),), (256,),
+                (_ptr(states), np.int64(bh), i32(per_slot), i32(n_groups)))
+        smem = _smem_chunks_tc(d) if tensor_cores else _smem_chunks(d)
+        _kernel(f"cdp_chunks{tc}<{flags}>", dev.index, smem)(
+            (bh, n_groups, n_mt), (NTHREADS,),
+            (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
+             i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups), np.float32(eps)),
+            shared_mem=smem)
+    return out, den
+
+
+def _flat(x):
+    """(..., N, X) -> contiguous (BH, N, X)."""
+    return x.reshape(-1, *x.shape[-2:]).contiguous()
+
+
+# --------------------------------------------------------------------------- causal_dot_product
+
+@torch.library.custom_op("repro::causal_dot_product", mutates_args=(), device_types="cuda")
+def _cdp(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    out, _ = launch(_flat(q), _flat(k), _flat(v))
+    return out.view(*q.shape[:-1], v.shape[-1])
+
+
+@_cdp.register_fake
+def _(q, k, v):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.custom_op("repro::causal_dot_product_backward", mutates_args=(), device_types="cuda")
+def _cdp_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    q3, k3, v3, g3 = _flat(q), _flat(k), _flat(v), _flat(g.to(q.dtype))
+    grad_q, _ = launch(g3, v3, k3)  # sum_{j<=i} (g_i . v_j) k_j
+    grad_k, _ = launch(v3, g3, q3, rev=True)  # sum_{j>=i} (v_i . g_j) q_j
+    grad_v, _ = launch(k3, q3, g3, rev=True)  # sum_{j>=i} (k_i . q_j) g_j
+    return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape)
+
+
+@_cdp_backward.register_fake
+def _(q, k, v, g):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _cdp_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _cdp_grad(ctx, g):
+    return _cdp_backward(*ctx.saved_tensors, g)
+
+
+_cdp.register_autograd(_cdp_grad, setup_context=_cdp_setup)
+
+
+def causal_dot_product(q, k, v):
+    """(..., N, D), (..., N, D), (..., N, M) -> (..., N, M); the dispatcher checks inputs."""
+    return _cdp(q, k, v)
+
+
+# --------------------------------------------------------------------------- fused normaliser
+
+@torch.library.custom_op("repro::causal_linear_attention", mutates_args=(), device_types="cuda")
+def _cla(q: Tensor, k: Tensor, v: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    out, den = launch(_flat(q), _flat(k), _flat(v), norm=True, eps=eps)
+    return out.view(*q.shape[:-1], v.shape[-1]), den.view(q.shape[:-1])
+
+
+@_cla.register_fake
+def _(q, k, v, eps):
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("repro::causal_linear_attention_backward", mutates_args=(), device_types="cuda")
+def _cla_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, den: Tensor, g: Tensor,
+                  g_den: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    # y = num / e with e = den + eps: dL/dnum = g / e, dL/dden = -(g . y) / e. Then num and den
+    # are one causal product against [v, 1], so the gradients are the plain backward's with
+    # V' = [v, 1] and G' = [dL/dnum, dL/dden]; all in fp32 (den's gradient needs the precision).
+    e = den.float() + eps  # (..., N)
+    g32 = g.float()
+    g_num = g32 / e[..., None]  # (..., N, M)
+    g_d = -(g32 * out.float()).sum(-1) / e
+    if g_den is not None:
+        g_d = g_d + g_den.float()
+    v1 = _flat(torch.cat([v.float(), v.new_ones(*v.shape[:-1], 1, dtype=torch.float32)], -1))
+    g1 = _flat(torch.cat([g_num, g_d[..., None]], -1))
+    q3, k3 = _flat(q.float()), _flat(k.float())
+    grad_q, _ = launch(g1, v1, k3)
+    grad_k, _ = launch(v1, g1, q3, rev=True)
+    grad_v, _ = launch(k3, q3, _flat(g_num), rev=True)
+    return (grad_q.view(q.shape).to(q.dtype), grad_k.view(k.shape).to(k.dtype),
+            grad_v.view(v.shape).to(v.dtype))
+
+
+@_cla_backward.register_fake
+def _(q, k, v, out, den, g, g_den, eps):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _cla_setup(ctx, inputs, output):
+    q, k, v, eps = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.eps = eps
+
+
+def _cla_grad(ctx, g, g_den):
+    q, k, v, out, den = ctx.saved_tensors
+    return (*_cla_backward(q, k, v, out, den, g, g_den, ctx.eps), None)
+
+
+_cla.register_autograd(_cla_grad, setup_context=_cla_setup)
+
+
+def causal_linear_attention(q, k, v, eps: float):
+    """phi(q), phi(k) (..., N, F), v (..., N, M) -> (..., N, M): the causal linear attention
+    sum_{j<=i} (q_i . k_j) v_j / (q_i . sum_{j<=i} k_j + eps), numerator and normaliser in one
+    pass. Check linear_attention_unsupported_reason first."""
+    return _cla(q, k, v, float(eps))[0]
+
+
+# --------------------------------------------------------------------------- recurrent step
+
+@torch.library.custom_op("repro::linear_attention_step", mutates_args=("S", "Z"), device_types="cuda")
+def _step(q: Tensor, k: Tensor, v: Tensor, S: Tensor, Z: Tensor, eps: float) -> Tensor:
+    import cupy
+
+    d, m = q.shape[-1], v.shape[-1]
+    bh = math.prod(q.shape[:-1])
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = _empty(v.shape, v.dtype, v.device)
+    smem = 4 * (2 * d + STEP_THREADS)
+    with cupy.cuda.Device(q.device.index), _stream(q.device):
+        _kernel(f"linear_step<{KERNEL_DTYPES[q.dtype]}>", q.device.index, smem)(
+            (bh,), (STEP_THREADS,),
+            (_ptr(q), _ptr(k), _ptr(v), _ptr(S), _ptr(Z), _ptr(out), np.int32(d), np.int32(m), np.float32(eps)),
+            shared_mem=smem)
+    return out
+
+
+@_step.register_fake
+def _(q, k, v, S, Z, eps):
+    return torch.empty_like(v)
+
+
+def linear_attention_step(q, k, v, S, Z, eps: float):
+    """q, k (..., D), v (..., M); S (..., D, M), Z (..., D) contiguous fp32, updated in place:
+    S += k v^T, Z += k; returns (q^T S) / (q . Z + eps) (..., M) in v's dtype. One launch for
+    every (batch, head). Check step_unsupported_reason first."""
+    return _step(q, k, v, S, Z, float(eps))

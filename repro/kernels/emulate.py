@@ -1,0 +1,178 @@
+"""A CPU model of causal_dot.cu's tiling, loop for loop, in numpy float64.
+
+No GPU is needed to check the kernels' index arithmetic: which tokens a group and a chunk
+cover, the slot layout of the group states and their scan, the reverse-time row map, the
+zero padding of partial chunks and tiles, the column tiles of M and the key-dim passes over D,
+and the normaliser's state. Each function here does what one kernel's grid does, one block
+at a time, with the same constants; tests compare it with the naive reference. Tile contents
+are computed with numpy matmuls where the kernel's threads split a tile's sums among them.
+"""
+import numpy as np
+
+CHUNK, TILE = 64, 64  # causal_dot.cu's CHUNK and TILE
+
+
+def _load_tile(src, t0, n, c0, rev):
+    """load_tile: (CHUNK, TILE) of src (N, ld) rows t0.. (reversed when rev), columns c0..,
+    zero outside."""
+    ld = src.shape[1]
+    dst = np.zeros((CHUNK, TILE))
+    for r in range(CHUNK):
+        t = t0 + r
+        if t < n:
+            row = n - 1 - t if rev else t
+            w = max(0, min(TILE, ld - c0))
+            dst[r, :w] = src[row, c0:c0 + w]
+    return dst
+
+
+def _update_state(s, z, ks, vs, d0, d, norm):
+    su = ks.T @ vs  # (TILE key dims, TILE columns)
+    rows = min(TILE, d - d0)
+    s[d0:d0 + rows] += su[:rows]
+    if norm:
+        z[d0:d0 + rows] += ks.sum(0)[:rows]
+
+
+def group_states(k, v, states, cpg, n_groups, rev, norm):
+    bh_n, n, d = k.shape
+    m, mtot = v.shape[-1], states.shape[-1]
+    n_chunks = -(-n // CHUNK)
+    for bh in range(bh_n):
+        for g in range(n_groups - 1):
+            for mt in range(-(-m // TILE)):
+                m0 = mt * TILE
+                s, z = np.zeros((d, TILE)), np.zeros(d)
+                for chunk in range(g * cpg, min(n_chunks, (g + 1) * cpg)):
+                    vs = _load_tile(v[bh], chunk * CHUNK, n, m0, rev)
+                    for d0 in range(0, d, TILE):
+                        ks = _load_tile(k[bh], chunk * CHUNK, n, d0, rev)
+                        _update_state(s, z, ks, vs, d0, d, norm)
+                w = min(TILE, m - m0)
+                states[bh, g + 1, :, m0:m0 + w] = s[:, :w]
+                if norm and mt == 0:
+                    states[bh, g + 1, :, m] = z
+
+
+def scan_states(states):
+    states[:, 0] = 0.0
+    for g in range(2, states.shape[1]):
+        states[:, g] += states[:, g - 1]
+
+
+def chunks(q, k, v, states, out, den_out, cpg, n_groups, rev, norm, eps):
+    bh_n, n, d = q.shape
+    m = v.shape[-1]
+    n_chunks = -(-n // CHUNK)
+    for bh in range(bh_n):
+        for g in range(n_groups):
+            for mt in range(-(-m // TILE)):
+                m0 = mt * TILE
+                st = states[bh, g] if states is not None else None
+                s = np.zeros((d, TILE))
+                w = min(TILE, m - m0)
+                if st is not None:
+                    s[:, :w] = st[:, m0:m0 + w]
+                z = st[:, m].copy() if (norm and st is not None) else np.zeros(d)
+                c_end = min(n_chunks, (g + 1) * cpg)
+                for chunk in range(g * cpg, c_end):
+                    t0 = chunk * CHUNK
+                    a, o, qz = np.zeros((CHUNK, CHUNK)), np.zeros((CHUNK, TILE)), np.zeros(CHUNK)
+                    for d0 in range(0, d, TILE):
+                        qs = _load_tile(q[bh], t0, n, d0, rev)
+                        ks = _load_tile(k[bh], t0, n, d0, rev)
+                        dw = min(TILE, d - d0)
+                        a += qs[:, :dw] @ ks[:, :dw].T
+                        o += qs[:, :dw] @ s[d0:d0 + dw]
+                        if norm:
+                            qz += qs[:, :dw] @ z[d0:d0 + dw]
+                    a = np.tril(a)
+                    vs = _load_tile(v[bh], t0, n, m0, rev)
+                    dens = qz + a.sum(1)
+                    o += a @ vs
+                    for r in range(CHUNK):
+                        t = t0 + r
+                        if t >= n:
+                            continue
+                        row = n - 1 - t if rev else t
+                        x = o[r, :w] / (dens[r] + eps) if norm else o[r, :w]
+                        out[bh, row, m0:m0 + w] = x
+                        if norm and mt == 0 and den_out is not None:
+                            den_out[bh, row] = dens[r]
+                    if chunk + 1 < c_end:
+                        for d0 in range(0, d, TILE):
+                            ks = _load_tile(k[bh], t0, n, d0, rev)
+                            _update_state(s, z, ks, vs, d0, d, norm)
+
+
+def causal_dot_product(q, k, v, cpg, rev=False, norm=False, eps=1e-6):
+    """The three launches of cupy_backend._launch on (BH, N, D), (BH, N, D), (BH, N, M) arrays,
+    with `cpg` chunks per group. Returns out (BH, N, M) and, when norm, den (BH, N); output
+    entries no block writes stay NaN."""
+    bh_n, n, d = q.shape
+    m = v.shape[-1]
+    n_groups = -(-(-(-n // CHUNK)) // cpg)
+    mtot = m + 1 if norm else m
+    out = np.full((bh_n, n, m), np.nan)
+    den = np.full((bh_n, n), np.nan) if norm else None
+    states = None
+    if n_groups > 1:
+        states = np.full((bh_n, n_groups, d, mtot), np.nan)
+        group_states(k, v, states, cpg, n_groups, rev, norm)
+        scan_states(states)
+    chunks(q, k, v, states, out, den, cpg, n_groups, rev, norm, eps)
+    return out, den
+
+
+# --------------------------------------------------------------------------- causal_dot_tc.cu
+
+TC_P = 72  # causal_dot_tc.cu's pitch of 16-bit tiles
+
+
+def mma_k16(acc, x, px, yt, py, r0, c0, k0):
+    """One warp's mma_k16 of causal_dot_tc.cu: acc (32 lanes, 4 n-tiles, 4) += X[r0.., k0..+16)
+    times Y[k0..+16, c0 + 8 nt..), each lane loading its fragment pairs from the flat arrays x
+    (X row-major, pitch px) and yt (Y transposed, pitch py) at the kernel's addresses, and the
+    m16n8k16 fragment layout (PTX ISA) deciding which matrix element each register holds."""
+    a = np.zeros((16, 16))
+    b = np.zeros((4, 16, 8))
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for reg, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            base = (r0 + (g + 8 if reg % 2 else g)) * px + k0 + 2 * t + (8 if reg >= 2 else 0)  # kernel's a[reg]
+            a[row, col:col + 2] = x[base:base + 2]
+        for nt in range(4):
+            y = (c0 + 8 * nt + g) * py + k0 + 2 * t  # kernel's b pointer
+            b[nt, 2 * t:2 * t + 2, g] = yt[y:y + 2]
+            b[nt, 2 * t + 8:2 * t + 10, g] = yt[y + 8:y + 10]
+    for nt in range(4):
+        d = a @ b[nt]  # (16, 8): what the tensor core computes
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            acc[lane, nt] += (d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
+
+
+def block_product(x, px, yt, py, kdim):
+    """The (64, 64) product the kernel's 8 warps compute with mma_k16 over kdim (a multiple of
+    16), gathered from the lanes' accumulators at the kernel's (row, col) of each element."""
+    out = np.full((64, 64), np.nan)
+    for warp in range(8):
+        r0, c0 = (warp % 4) * 16, (warp // 4) * 32
+        acc = np.zeros((32, 4, 4))
+        for k0 in range(0, kdim, 16):
+            mma_k16(acc, x, px, yt, py, r0, c0, k0)
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            for nt in range(4):
+                for e in range(4):
+                    out[r0 + g + 8 * (e // 2), c0 + 8 * nt + 2 * t + e % 2] = acc[lane, nt, e]
+    return out
+
+
+def store(tile, pitch, rows=None):
+    """A (R, C) array as the kernel's flat shared-memory tile with the given row pitch."""
+    rows = rows or tile.shape[0]
+    flat = np.zeros(rows * pitch)
+    for r in range(tile.shape[0]):
+        flat[r * pitch:r * pitch + tile.shape[1]] = tile[r]
+    return flat

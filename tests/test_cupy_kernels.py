@@ -1,0 +1,318 @@
+"""The CuPy CUDA backend (repro/kernels/cupy_backend.py, causal_dot.cu, recurrent_step.cu).
+
+Without a GPU: every .cu source compiles with NVRTC for sm_80 and sm_90 (and with nvcc when
+it is installed), the numpy model of the kernels' tiling (repro/kernels/emulate.py) matches
+the float64 reference, and the backend declines CPU tensors with its reason.
+With a GPU: forward and gradients against the float64 reference, on odd shapes, with every
+output pre-filled with NaN so an element no thread writes fails the test.
+"""
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from repro.kernels import (causal_dot_product, causal_dot_product_naive, cuda_build, cupy_backend,
+                           emulate, select_backend)
+
+CUDA = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not CUDA, reason="no CUDA device: the GPU tests of the CuPy kernels "
+                               "run only on a machine with one")
+
+
+def rel_err(x, ref):
+    x, ref = x.double(), ref.double()
+    assert not torch.isnan(x).any(), "an output element was never written (still NaN)"
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+# --------------------------------------------------------------------------- CPU: build checks
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", sorted(cuda_build.SOURCES))
+def test_nvrtc_compiles_every_instance(name, arch):
+    lowered = cuda_build.nvrtc_check(name, arch)
+    assert set(lowered) == set(cuda_build.SOURCES[name]) and all(lowered.values())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("name", sorted(cuda_build.SOURCES))
+def test_nvcc_compiles_every_instance(name, tmp_path):
+    unit = tmp_path / "unit.cu"
+    unit.write_text(cuda_build.nvcc_instantiation_unit(name))
+    cubin = tmp_path / "unit.cubin"  # device code only: the host compiler has nothing to check
+    res = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_80", "-cubin", str(unit), "-o", str(cubin)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    kernels = set(re.findall(rb"\.text\.(_Z\w+)", cubin.read_bytes()))
+    assert len(kernels) == len(cuda_build.SOURCES[name]), "an instance was not compiled"
+
+
+def test_tile_constants_agree():
+    """The .cu's tile geometry is what the launcher sizes shared memory for and what the
+    emulation models."""
+    src = cuda_build.source("causal_dot.cu")
+    defs = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", src)}
+    assert (defs["CHUNK"], defs["TILE"], defs["PITCH"], defs["NTHREADS"]) == \
+        (cupy_backend.CHUNK, cupy_backend.TILE, cupy_backend.PITCH, cupy_backend.NTHREADS)
+    assert (emulate.CHUNK, emulate.TILE) == (defs["CHUNK"], defs["TILE"])
+    assert defs["NTHREADS"] == 16 * 16 and defs["CHUNK"] == defs["TILE"] == 4 * 16  # 4 x 4 per thread
+    step = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", cuda_build.source("recurrent_step.cu"))}
+    assert step["STEP_THREADS"] == cupy_backend.STEP_THREADS
+    tc = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", cuda_build.source("causal_dot_tc.cu"))}
+    assert (tc["TC_CHUNK"], tc["TC_TILE"], tc["TC_THREADS"]) == (defs["CHUNK"], defs["TILE"], defs["NTHREADS"])
+    assert (tc["TC_P"], tc["TC_SP"]) == (cupy_backend.TC_P, cupy_backend.TC_SP) and tc["TC_P"] == emulate.TC_P
+
+
+def _np(*shape, rng):
+    return rng.standard_normal(shape)
+
+
+@pytest.mark.parametrize("bh,n,d,m,cpg", [(2, 130, 70, 67, 1), (1, 200, 5, 130, 2), (1, 257, 33, 9, 3),
+                                          (1, 1, 3, 2, 1), (1, 64, 64, 64, 1)])
+def test_emulated_tiling_matches_reference(bh, n, d, m, cpg):
+    """Groups of chunks, the state scan, partial chunks and tiles, several key-dim passes and
+    value tiles, reverse time and the normaliser, as the kernels walk them."""
+    rng = np.random.default_rng(n * d + m)
+    q, k, v = _np(bh, n, d, rng=rng), _np(bh, n, d, rng=rng), _np(bh, n, m, rng=rng)
+    t = lambda a: torch.from_numpy(a.copy())  # noqa: E731 (copy: numpy flips have negative strides)
+    ref = causal_dot_product_naive(t(q), t(k), t(v)).numpy()
+    out, _ = emulate.causal_dot_product(q, k, v, cpg)
+    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
+    # reverse time: out_i = sum_{j>=i} (q_i . k_j) v_j
+    flip = lambda a: a[:, ::-1]  # noqa: E731
+    ref_rev = flip(causal_dot_product_naive(t(flip(q)), t(flip(k)), t(flip(v))).numpy())
+    out, _ = emulate.causal_dot_product(q, k, v, cpg, rev=True)
+    np.testing.assert_allclose(out, ref_rev, rtol=1e-10, atol=1e-10)
+    # the fused normaliser on positive features
+    qp, kp = np.exp(0.3 * q), np.exp(0.3 * k)
+    num = causal_dot_product_naive(t(qp), t(kp), t(v)).numpy()
+    den = np.einsum("bnf,bnf->bn", qp, np.cumsum(kp, 1))
+    out, den_out = emulate.causal_dot_product(qp, kp, v, cpg, norm=True, eps=1e-6)
+    np.testing.assert_allclose(den_out, den, rtol=1e-10)
+    np.testing.assert_allclose(out, num / (den[..., None] + 1e-6), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("blocks,n_chunks,sms", [(64, 256, 132), (1, 1, 132), (512, 10, 108), (3, 1000, 132)])
+def test_chunks_per_group_covers_every_chunk(blocks, n_chunks, sms):
+    cpg = cupy_backend.chunks_per_group(blocks, n_chunks, sms)
+    n_groups = -(-n_chunks // cpg)
+    assert cpg >= 1 and (n_groups - 1) * cpg < n_chunks <= n_groups * cpg
+
+
+def test_backend_declines_cpu_tensors_with_a_reason(monkeypatch):
+    q = torch.randn(1, 2, 5, 3)
+    monkeypatch.delenv("REPRO_KERNEL", raising=False)
+    if not cupy_backend.GPU_VERIFIED:
+        assert "not yet verified on a GPU" in cupy_backend.unsupported_reason(q, q, q)
+    monkeypatch.setenv("REPRO_KERNEL", "cupy")
+    assert "CUDA tensors only" in cupy_backend.unsupported_reason(q, q, q)
+    with pytest.raises(RuntimeError, match="REPRO_KERNEL=cupy"):
+        select_backend(q, q, q)
+    monkeypatch.setenv("REPRO_KERNEL", "torch")
+    assert "REPRO_KERNEL=torch" in cupy_backend.unsupported_reason(q, q, q)
+
+
+def test_linear_attention_step_on_cpu_still_matches_parallel():
+    """attend_step's state set-up moved for the fused step; the CPU path must not change."""
+    from repro.attention.linear import LinearAttention
+    layer = LinearAttention(d_model=24, n_heads=3).double().eval()
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    par, state, steps = layer(x, causal=True), None, []
+    for i in range(x.shape[1]):
+        y, state = layer.step(x[:, i], state)
+        steps.append(y)
+    torch.testing.assert_close(torch.stack(steps, 1), par, rtol=1e-10, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- GPU: the kernels
+
+@pytest.fixture
+def on_cupy(monkeypatch):
+    monkeypatch.setenv("REPRO_KERNEL", "cupy")
+    monkeypatch.setattr(cupy_backend, "PREFILL", float("nan"))
+
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+SHAPES = [(1, 1, 1, 1, 1), (2, 3, 65, 17, 33), (1, 2, 200, 64, 64), (2, 1, 333, 130, 70), (1, 1, 129, 256, 256),
+          (1, 1, 97, 300, 5)]  # D beyond 256: correct, where shared memory allows it
+
+
+def _inputs(b, h, n, d, m, dtype, scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(n * 1000 + d * 10 + m)
+    mk = lambda *s: (torch.randn(*s, device="cuda", generator=g) * scale).to(dtype).requires_grad_()  # noqa: E731
+    return mk(b, h, n, d), mk(b, h, n, d), mk(b, h, n, m)
+
+
+def _check_against_naive(fn, ref_fn, inputs, tol):
+    out = fn(*inputs)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, inputs, grad)
+    ref_in = [x.detach().double().requires_grad_() for x in inputs]
+    ref = ref_fn(*ref_in)
+    ref_grads = torch.autograd.grad(ref, ref_in, grad.double())
+    assert out.dtype == inputs[0].dtype and out.shape == ref.shape
+    assert rel_err(out, ref) <= tol
+    for name, gr, rg in zip("qkv", grads, ref_grads):
+        assert rel_err(gr, rg) <= tol, f"grad {name}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_causal_dot_product_matches_naive(on_cupy, shape, dtype):
+    inputs = _inputs(*shape, dtype, scale=0.5)
+    assert select_backend(*inputs)[0] == "cupy"
+    _check_against_naive(causal_dot_product, causal_dot_product_naive, inputs, TOL[dtype])
+
+
+@needs_gpu
+@pytest.mark.parametrize("cpg", [1, 2, 5])
+@pytest.mark.parametrize("rev", [False, True])
+@pytest.mark.parametrize("dtype,tensor_cores", [(torch.float32, False), (torch.bfloat16, False),
+                                                (torch.bfloat16, True)])
+def test_launch_group_sizes_and_reverse(on_cupy, cpg, rev, dtype, tensor_cores):
+    q, k, v = (x.detach()[0] for x in _inputs(1, 3, 390, 37, 80, dtype))  # (BH, N, X)
+    out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=cpg, tensor_cores=tensor_cores)
+    f = (lambda x: x.flip(1)) if rev else (lambda x: x)
+    ref = f(causal_dot_product_naive(f(q), f(k), f(v)))
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@needs_gpu
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_bf16_normaliser_both_kernels(on_cupy, tensor_cores):
+    q, k, v = (x.detach()[0] for x in _inputs(1, 2, 300, 70, 90, torch.bfloat16, scale=0.5))
+    q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    out, den = cupy_backend.launch(q, k, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
+    ref = _linear_reference(q[None].double(), k[None].double(), v[None].double())[0]
+    assert rel_err(out, ref) <= 1e-2
+    assert rel_err(den, torch.einsum("bnf,bnf->bn", q.double(), k.double().cumsum(1))) <= 1e-5
+
+
+@needs_gpu
+def test_non_contiguous_inputs(on_cupy):
+    q, k, v = (x.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+               for x in _inputs(2, 3, 77, 16, 24, torch.float32))
+    assert not q.is_contiguous()
+    _check_against_naive(causal_dot_product, causal_dot_product_naive, (q, k, v), 1e-5)
+
+
+def _linear_reference(q, k, v, eps=1e-6):
+    num = causal_dot_product_naive(q, k, v)
+    den = torch.einsum("bhnf,bhnf->bhn", q, k.cumsum(2))
+    return num / (den[..., None] + eps)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 3, 65, 17, 33), (1, 2, 300, 64, 64), (1, 1, 150, 70, 130)])
+def test_fused_normaliser_matches_naive(on_cupy, shape, dtype):
+    q, k, v = _inputs(*shape, dtype, scale=0.5)
+    with torch.no_grad():  # positive features, as phi gives
+        q.copy_(torch.nn.functional.elu(q) + 1)
+        k.copy_(torch.nn.functional.elu(k) + 1)
+    assert cupy_backend.linear_attention_unsupported_reason(q, k, v) is None
+    fused = lambda q, k, v: cupy_backend.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    _check_against_naive(fused, _linear_reference, (q, k, v), TOL[dtype])
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_recurrent_step_matches_parallel(on_cupy, dtype):
+    b, h, n, d, m = 3, 4, 37, 33, 70
+    q, k, v = (x.detach() for x in _inputs(b, h, n, d, m, dtype, scale=0.5))
+    q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    ref = _linear_reference(q.double(), k.double(), v.double())
+    S = torch.zeros(b, h, d, m, device="cuda")
+    Z = torch.zeros(b, h, d, device="cuda")
+    assert cupy_backend.step_unsupported_reason(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z) is None
+    steps = [cupy_backend.linear_attention_step(q[:, :, i], k[:, :, i], v[:, :, i], S, Z, 1e-6) for i in range(n)]
+    assert rel_err(torch.stack(steps, 2), ref) <= TOL[dtype]
+    assert rel_err(Z, k.double().sum(2)) <= 1e-5
+
+
+@needs_gpu
+def test_linear_attention_layer_uses_fused_ops_and_generates(on_cupy):
+    """The layer on CUDA: parallel form (fused normaliser) against the CPU float64 layer, and
+    step-wise generation (fused step) against the parallel form."""
+    from repro.attention.linear import LinearAttention
+    layer = LinearAttention(d_model=64, n_heads=4).cuda().eval()
+    x = torch.randn(2, 45, 64, device="cuda")
+    par = layer(x, causal=True)
+    ref = layer.double().cpu()(x.double().cpu(), causal=True)
+    layer.float().cuda()
+    assert rel_err(par.cpu(), ref) <= 1e-5
+    state, steps = None, []
+    for i in range(x.shape[1]):
+        y, state = layer.step(x[:, i], state)
+        steps.append(y)
+    assert rel_err(torch.stack(steps, 1), par) <= 1e-5
+
+
+@needs_gpu
+def test_torch_compile_and_autocast(on_cupy):
+    from repro.attention.linear import LinearAttention
+    layer = LinearAttention(d_model=64, n_heads=4).cuda()
+    x = torch.randn(2, 100, 64, device="cuda", requires_grad=True)
+    compiled = torch.compile(lambda x: layer(x, causal=True))
+    torch.testing.assert_close(compiled(x), layer(x, causal=True), rtol=1e-5, atol=1e-5)
+    compiled(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = layer(x, causal=True)
+    assert y.dtype == torch.bfloat16 and rel_err(y.float(), layer(x, causal=True)) <= 2e-2
+
+
+def test_bench_marks_absent_peers_missing():
+    """The benchmark imports its peers only if installed; an absent one is a 'missing' row."""
+    from repro.kernels import bench
+    methods = bench._methods()
+    assert set(bench.PEERS) <= set(methods) and methods["cupy"][0] is not None
+    for peer in ("fast_transformers", "fla_chunk"):
+        fn, why = methods[peer]
+        assert (fn is None) == (why is not None) and (why is None or why.startswith("missing"))
+    if not CUDA:
+        with pytest.raises(SystemExit, match="no CUDA device"):
+            bench.main(["--lengths", "1024"])
+
+
+def test_emulated_tensor_core_fragments_give_the_four_products():
+    """causal_dot_tc.cu's operand layouts: with each lane loading at the kernel's addresses and
+    the m16n8k16 fragment layout, the 8 warps compute Q K^T, Q S, A V and K^T V."""
+    rng = np.random.default_rng(3)
+    p = emulate.TC_P
+    q, k, v, a = (rng.standard_normal((64, 64)) for _ in range(4))
+    dp, d0 = 128, 64
+    s = rng.standard_normal((dp, 64))  # the state [d][m]; the kernel keeps S^T [m][d], pitch Dp + 8
+    st = emulate.store(s.T, dp + 8)
+    np.testing.assert_allclose(emulate.block_product(emulate.store(q, p), p, emulate.store(k, p), p, 64), q @ k.T)
+    np.testing.assert_allclose(emulate.block_product(emulate.store(q, p), p, st[d0:], dp + 8, 64),
+                               q @ s[d0:d0 + 64])
+    np.testing.assert_allclose(emulate.block_product(emulate.store(a, p), p, emulate.store(v.T, p), p, 64), a @ v)
+    np.testing.assert_allclose(emulate.block_product(emulate.store(k.T, p), p, emulate.store(v.T, p), p, 64),
+                               k.T @ v)
+
+
+def test_ops_trace_with_fake_cuda_tensors():
+    """What torch.compile sees of the custom ops: shapes and dtypes of outputs and of the
+    backward ops' gradients, on fake CUDA tensors (no GPU needed; the autograd engine itself
+    needs a device, so the backward ops are called directly)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k = (torch.empty(2, 3, 37, 5, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        v = torch.empty(2, 3, 37, 7, device="cuda", dtype=torch.bfloat16)
+        out = cupy_backend.causal_dot_product(q, k, v)
+        assert out.shape == (2, 3, 37, 7) and out.dtype == torch.bfloat16
+        grads = torch.ops.repro.causal_dot_product_backward(q, k, v, out)
+        assert [(g.shape, g.dtype) for g in grads] == [(x.shape, x.dtype) for x in (q, k, v)]
+        y, den = torch.ops.repro.causal_linear_attention(q, k, v, 1e-6)
+        assert y.shape == out.shape and y.dtype == torch.bfloat16
+        assert den.shape == (2, 3, 37) and den.dtype == torch.float32
+        grads = torch.ops.repro.causal_linear_attention_backward(q, k, v, y, den, y, None, 1e-6)
+        assert [(g.shape, g.dtype) for g in grads] == [(x.shape, x.dtype) for x in (q, k, v)]
+        S, Z = torch.empty(2, 3, 5, 7, device="cuda"), torch.empty(2, 3, 5, device="cuda")
+        step = cupy_backend.linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z, 1e-6)
+        assert step.shape == (2, 3, 7) and step.dtype == torch.bfloat16
