@@ -106,6 +106,8 @@ class RFAAttention(AttentionLayer):
         dtype, acc = v.dtype, _acc(v.dtype)
         q, k, v = self.phi(q), self.phi(k), v.to(acc)  # (B, H, N, 2F), (B, H, N, M)
         if self.gated:
+            if self._log_g is None:
+                raise ValueError("rfa: with gate=true call the layer itself (layer(x, ...)), which computes the gate from x; attend() alone has no gate")
             log_g = self._log_g.to(acc)
             k = k * (-torch.expm1(log_g))[..., None]  # (1 - g_j) phi(k_j), 1 - g as -expm1(log g)
         keep = None
