@@ -7,13 +7,15 @@ bucket argmax([k R, -k R]). Tokens are sorted by (bucket, position) and cut into
 wrap-around), causally by position when causal. A token attends to itself only when nothing
 else is left (its own score q.k would dominate, the keys being the normalised queries).
 Rounds are combined by their log-sum-exp weights as in Reformer (combine="lse"), or averaged
-as in the authors' library fast-transformers (combine="mean"). Memory is O(N * chunk_size)
+as in the authors' library fast-transformers (combine="mean"); a key met in several rounds
+counts once per round (no duplicate correction). Memory is O(N * chunk_size)
 per round; any N works (padded inside to a multiple of chunk_size).
 
 Causality, honestly stated: a query only ever reads keys at positions <= its own, so no
 token's content reaches an earlier output. Which earlier keys share its chunk, though, depends
 on how many tokens (future ones included) fall in lower buckets: a property of Reformer's
-chunked LSH that the paper's baseline had too. With n_buckets=1 the chunks are plain position
+sort-and-chunk scheme, which the paper's LSH baseline shares. (In training, a target token's
+bucket can thus shift the chunk boundaries seen by the position that predicts it.) With n_buckets=1 the chunks are plain position
 blocks and the layer is strictly causal.
 
 There is no recurrent form: the paper generated with LSH by re-running the prefix, and
