@@ -8,15 +8,16 @@ wrap-around), causally by position when causal. A token attends to itself only w
 else is left (its own score q.k would dominate, the keys being the normalised queries).
 Rounds are combined by their log-sum-exp weights as in Reformer (combine="lse"), or averaged
 as in the authors' library fast-transformers (combine="mean"); a key met in several rounds
-counts once per round (no duplicate correction). Memory is O(N * chunk_size)
-per round; any N works (padded inside to a multiple of chunk_size).
+counts once per round (no duplicate correction). Memory is O(N * chunk_size) per round;
+any N works (padded inside to a multiple of chunk_size; the authors' library needs N to be
+a multiple of the chunk).
 
 Causality, honestly stated: a query only ever reads keys at positions <= its own, so no
 token's content reaches an earlier output. Which earlier keys share its chunk, though, depends
 on how many tokens (future ones included) fall in lower buckets: a property of Reformer's
 sort-and-chunk scheme, which the paper's LSH baseline shares. (In training, a target token's
-bucket can thus shift the chunk boundaries seen by the position that predicts it.) With n_buckets=1 the chunks are plain position
-blocks and the layer is strictly causal.
+bucket can thus shift the chunk boundaries seen by the position that predicts it.)
+With n_buckets=1 the chunks are plain position blocks and the layer is strictly causal.
 
 There is no recurrent form: the paper generated with LSH by re-running the prefix, and
 `layer.step` says so.
