@@ -1,0 +1,83 @@
+"""Performer's FAVOR+ (Choromanski et al., 2021): linear attention whose feature map
+approximates the softmax kernel, exp(q.k / sqrt(D)) ~ phi(q)^T phi(k), with positive
+orthogonal random features
+
+    phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(F),   x' = x / D^(1/4),
+
+W: (F, D), rows drawn in blocks of D orthogonal directions with chi-distributed norms (each row
+then has the norm of a Gaussian vector, so the estimate stays unbiased, with lower variance
+than i.i.d. rows).
+
+Numerical stability: completing the square, W_i x' - |x'|^2/2 = |W_i|^2/2 - |x' - W_i|^2/2
+<= |W_i|^2/2, so every feature is bounded by a constant of the draw, whatever the input, and
+no data-dependent maximum is subtracted. (The usual trick, subtracting the maximum over all
+keys, would let future keys set the scale of causal outputs and break recurrent == parallel.)
+Features are computed in fp32 and returned in the input's dtype.
+
+The map plugs into LinearAttention (causal through causal_dot_product, recurrent twin with
+(S, Z)). PerformerAttention adds the redraw policy: new features every `redraw_every`
+training forwards; never in eval mode, so evaluation is deterministic.
+"""
+import math
+from functools import partial
+
+import torch
+
+from .feature_maps import FeatureMap
+from .linear import LinearAttention
+
+
+def orthogonal_gaussian(n_rows: int, dim: int, device=None):
+    """(n_rows, dim): blocks of `dim` orthogonal rows, each row scaled to the norm of an
+    independent standard Gaussian vector in R^dim."""
+    blocks = []
+    for _ in range(math.ceil(n_rows / dim)):
+        q, _ = torch.linalg.qr(torch.randn(dim, dim, device=device))
+        blocks.append(q.T)
+    w = torch.cat(blocks)[:n_rows]
+    return w * torch.randn(n_rows, dim, device=device).norm(dim=-1, keepdim=True)
+
+
+class FavorFeatureMap(FeatureMap):
+    def __init__(self, head_dim: int, n_features: int = 128, orthogonal: bool = True):
+        super().__init__(head_dim)
+        if n_features < 1:
+            raise ValueError(f"performer: n_features must be >= 1; got {n_features}")
+        self.n_features, self.orthogonal = n_features, orthogonal
+        self.register_buffer("omega", torch.empty(n_features, head_dim))  # W, saved with the model
+        self.new_feature_map()
+
+    @torch.no_grad()
+    def new_feature_map(self):
+        device = self.omega.device
+        w = (orthogonal_gaussian(self.n_features, self.head_dim, device) if self.orthogonal
+             else torch.randn(self.n_features, self.head_dim, device=device))
+        self.omega.copy_(w)
+
+    def forward(self, x):
+        """(..., D) -> (..., F), positive."""
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        xs = x.to(acc) * self.head_dim ** -0.25
+        proj = xs @ self.omega.to(acc).T  # (..., F)
+        phi = torch.exp(proj - 0.5 * (xs * xs).sum(-1, keepdim=True)) * self.n_features ** -0.5
+        return phi.to(x.dtype)
+
+
+class PerformerAttention(LinearAttention):
+    """LinearAttention with FavorFeatureMap and a redraw schedule (null: fixed features)."""
+
+    def __init__(self, d_model, n_heads, d_keys=None, d_values=None, n_features: int = 128,
+                 orthogonal: bool = True, redraw_every: int | None = 1000, eps: float = 1e-6):
+        if redraw_every is not None and redraw_every < 1:
+            raise ValueError(f"performer: redraw_every must be null or >= 1; got {redraw_every}")
+        super().__init__(d_model, n_heads, d_keys, d_values, eps=eps,
+                         feature_map=partial(FavorFeatureMap, n_features=n_features, orthogonal=orthogonal))
+        self.redraw_every = redraw_every
+        self.register_buffer("training_passes", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x, causal: bool = False, key_padding_mask=None):
+        if self.training and self.redraw_every:
+            if self.training_passes.item() % self.redraw_every == 0 and self.training_passes.item() > 0:
+                self.feature_map.new_feature_map()
+            self.training_passes += 1
+        return super().forward(x, causal=causal, key_padding_mask=key_padding_mask)
