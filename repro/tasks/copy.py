@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from ..config import ConfigError, compose_group, group_options
 from ..data import CopyTask
 from ..models import AutoregressiveTransformer
-from ..results import REPO, atomic_write, read_jsonl
+from ..results import REPO, atomic_write, read_jsonl, write_jsonl
 from ..training import fit, seed_everything
 
 
@@ -194,6 +194,8 @@ def aggregate(rows, out_dir) -> pd.DataFrame:
     print(text)
     publish = next((r.get("publish") for r in rows if r.get("publish")), None)
     for d in [Path(out_dir)] + ([REPO / publish] if publish else []):
+        if d != Path(out_dir):  # the raw rows travel with the published aggregate
+            write_jsonl(d / "copy_rows.jsonl", rows)
         atomic_write(d / "copy_curves.csv", c.to_csv(index=False))
         atomic_write(d / "copy_final.csv", f.to_csv(index=False))
         atomic_write(d / "table.txt", text + "\n")
