@@ -117,3 +117,25 @@ def test_bad_settings_fail_in_one_line(compose_cfg, tmp_path, override, message)
     with pytest.raises(ConfigError, match=message) as err:
         train(compose_cfg, tmp_path, "trainer.max_steps=2", override)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("n,batch,drop_last,world", [(23, 5, True, 1), (23, 5, False, 1), (30, 4, True, 3)])
+def test_shuffled_batches_cover_epochs_and_resume(n, batch, drop_last, world):
+    from repro.data import ShuffledBatches
+
+    data = [torch.tensor([i]) for i in range(n)]
+    ranks = [ShuffledBatches(data, batch, seed=5, drop_last=drop_last, rank=r, world_size=world) for r in range(world)]
+    per_rank = n // world
+    per_epoch = per_rank // batch if drop_last else -(-per_rank // batch)
+    epochs = [[torch.cat([next(s) for _ in range(per_epoch)]).flatten().tolist() for s in ranks] for _ in range(2)]
+    for seen in epochs:
+        flat = sum(seen, [])
+        assert len(flat) == len(set(flat))  # no item twice in an epoch, across ranks either
+        assert len(flat) == world * (per_epoch * batch if drop_last else per_rank)
+    assert epochs[0] != epochs[1]  # a fresh order each epoch
+    s = ranks[0]
+    state = s.state_dict()
+    expected = [next(s).tolist() for _ in range(per_epoch + 2)]  # across an epoch boundary
+    t = ShuffledBatches(data, batch, seed=5, drop_last=drop_last, rank=0, world_size=world)
+    t.load_state_dict(state)
+    assert [next(t).tolist() for _ in range(per_epoch + 2)] == expected

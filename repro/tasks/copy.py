@@ -76,7 +76,7 @@ def run(cfg) -> float:
     final = fit(model, copy_loss, data, cfg, run_dir=run_dir, eval_data=held_out, identity=identity)
     print(f"copy {name} N={t.max_len} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
           f"eval loss {final.get('eval_loss', float('nan')):.4f}, eval accuracy "
-          f"{final.get('eval_accuracy', float('nan')):.4f}, {final['time_per_step_ms']:.1f} ms/step")
+          f"{final.get('eval_accuracy', float('nan')):.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
     if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
         aggregate(read_jsonl(run_dir / "results.jsonl"), run_dir)
     return float(final.get("eval_loss", float("nan")))

@@ -3,7 +3,8 @@
 The task builds the model, a loss function and the data; fit() does the rest:
 
     loss, metrics = loss_fn(model, batch)      # loss: scalar tensor; metrics: {name: scalar}
-    train_data: an iterator of batches with state_dict() / load_state_dict() (the stream position)
+    train_data: an iterator of batches with state_dict() / load_state_dict() (the stream position;
+                repro.data.CopyTask, or repro.data.ShuffledBatches over any map-style dataset)
     eval_data:  a callable returning an iterable of held-out batches (the same ones each call)
 
 Every trainer.log_every steps a "train" row (window means of loss and metrics), every
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
 from ..config import ConfigError, parse_device
@@ -99,7 +100,8 @@ def evaluate(model, loss_fn, batches, device, autocast) -> dict:
     was_training = model.training
     model.eval()
     sums, count = {}, 0
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         for batch in batches:
             with autocast():
                 loss, metrics = loss_fn(model, to_device(batch, device))
@@ -144,9 +146,10 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
             load_into(ckpt, name, obj)
         step, rows, logger_id = ckpt["step"], ckpt["rows"], ckpt.get("logger_run_id")
         print(f"resumed from {ckpt['path']} at step {step}")
-    if logger_id and "run_id" in cfg.logger and cfg.logger.run_id is None:
+    if logger_id and cfg.logger.get("run_id") is None:
         cfg = cfg.copy()
-        OmegaConf.update(cfg, "logger.run_id", logger_id)  # wandb continues the same run
+        with open_dict(cfg):
+            cfg.logger.run_id = logger_id  # wandb continues the same run (other loggers ignore it)
     rng = ckpt["rng"] if t.resume else rng_state()
     logger = make_logger(cfg, run_dir)
     set_rng_state(rng)  # whatever the logger drew, training starts from the seeded (or saved) state
