@@ -112,11 +112,15 @@ def finals(df) -> pd.DataFrame:
         "eval_accuracy": col("eval_accuracy", "mean"), "eval_accuracy_std": col("eval_accuracy", "std"),
         "eval_seq_accuracy": col("eval_seq_accuracy", "mean"),
         "time_per_step_ms": g.time_per_step_ms.mean(),  # each run's median step, averaged over seeds
+        "cpu_time_per_step_ms": col("cpu_time_per_step_ms", "mean"),
         "status": g.status.agg(lambda s: ",".join(sorted(set(s)))),
     }).reset_index()
     if "softmax" in set(out.attention):
         ref = out[out.attention == "softmax"].set_index("max_len").time_per_step_ms
         out["speedup_vs_softmax"] = out.max_len.map(ref) / out.time_per_step_ms
+        if "cpu_time_per_step_ms" in df:
+            ref = out[out.attention == "softmax"].set_index("max_len").cpu_time_per_step_ms
+            out["cpu_speedup_vs_softmax"] = out.max_len.map(ref) / out.cpu_time_per_step_ms
     return out
 
 
@@ -169,7 +173,10 @@ def plot_lengths(f, df, path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, g in f.groupby("attention", sort=True):
         axes[0].errorbar(g.max_len, g.eval_accuracy, yerr=g.get("eval_accuracy_std"), marker="o", capsize=3, label=name)
-        axes[1].plot(g.max_len, g.time_per_step_ms, marker="o", label=name)
+        line, = axes[1].plot(g.max_len, g.time_per_step_ms, marker="o", label=f"{name} (wall)")
+        if g.cpu_time_per_step_ms.notna().any():
+            axes[1].plot(g.max_len, g.cpu_time_per_step_ms, marker="s", ls="--", color=line.get_color(),
+                         label=f"{name} (process CPU time)")
     axes[0].set_ylabel("final held-out copy accuracy")
     axes[1].set_ylabel("time per training step (ms)")
     axes[1].set_yscale("log")

@@ -180,14 +180,14 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         emit("eval", out)
         return out
 
-    window, step_times, status, last_eval = {}, [], "ok", {}
+    window, step_times, cpu_times, status, last_eval = {}, [], [], "ok", {}
     load_start = os.getloadavg()[0]
     began = time.perf_counter()
     bar = tqdm(total=t.max_steps, initial=step, desc=identity.get("task", "train"), unit="step",
                dynamic_ncols=True, disable=not t.progress)
     with _stop_on_signals() as stop:
         while step < t.max_steps:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             batch = to_device(next(train_data), device)
             try:
                 with autocast():
@@ -206,6 +206,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
             loss_value = loss.item()  # syncs the device, so the step time below is real
             step += 1
             step_times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
             if not math.isfinite(loss_value):
                 status = f"error: non-finite loss {loss_value} at step {step}"
                 break
@@ -230,12 +231,15 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     if t.checkpoint and not status.startswith(("oom", "error")):
         checkpoint()  # at exit: what a resume continues from
     timed = step_times[WARMUP_STEPS:] or step_times
+    cpu = cpu_times[WARMUP_STEPS:] or cpu_times
     final = emit("final", {
         "status": status, "steps": step, "steps_this_process": len(step_times),
         "train_loss": rows_last(rows, "train", "loss"),
         **{f"eval_{k}": v for k, v in last_eval.items()},
         "time_per_step_ms": 1e3 * statistics.median(timed) if timed else None,
         "time_per_step_mean_ms": 1e3 * _mean(timed) if timed else None,
+        # this process's CPU time (all its threads): barely moved by other processes' load
+        "cpu_time_per_step_ms": 1e3 * statistics.median(cpu) if cpu else None,
         "train_time_s": time.perf_counter() - began,
         "n_params": sum(p.numel() for p in model.parameters()),
         "loadavg_1min_start": load_start, "loadavg_1min_end": os.getloadavg()[0],
