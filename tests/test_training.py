@@ -104,7 +104,9 @@ def test_signal_stops_after_the_step_with_a_checkpoint(compose_cfg, tmp_path):
             os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C or SLURM's SIGTERM would, mid-step
         return copy_loss(model, batch)
 
-    final = fit(model, loss_fn, data, cfg, run_dir=tmp_path)
+    with pytest.raises(KeyboardInterrupt):  # re-raised once the checkpoint is written
+        fit(model, loss_fn, data, cfg, run_dir=tmp_path)
+    final = read_jsonl(tmp_path / "results.jsonl")[-1]
     assert final["status"] == "stopped by signal at step 4" and final["steps"] == 4
     assert load_checkpoint(tmp_path)["step"] == 4 and data.batches == 4
 

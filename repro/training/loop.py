@@ -15,8 +15,9 @@ Resume: trainer.resume=<run dir or checkpoint file> restores model, optimizer, s
 step, data stream, every RNG state, the rows so far and the wandb run id; the run then goes on
 exactly as if never stopped (tests/test_training.py checks the next losses are equal). A
 resumed run writes into its own new run dir, whose results.jsonl holds the whole history.
-SIGINT/SIGTERM (e.g. a SLURM pre-emption) stop the loop at the end of the current step and
-write the checkpoint first.
+SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the current step; the
+checkpoint and the final row are written, then the signal takes its usual course
+(KeyboardInterrupt for SIGINT, exit for SIGTERM).
 """
 import math
 import os
@@ -61,16 +62,17 @@ def to_device(batch, device):
 
 @contextmanager
 def _stop_on_signals():
-    """Yields a flag set by SIGINT/SIGTERM, so the loop can checkpoint before leaving."""
-    flag = threading.Event()
+    """Yields a list that SIGINT/SIGTERM append their number to, so the loop can finish the
+    step and checkpoint before leaving; the caller then re-raises the signal."""
+    caught = []
     if threading.current_thread() is not threading.main_thread():
-        yield flag
+        yield caught
         return
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in old:
-        signal.signal(s, lambda *_: flag.set())
+        signal.signal(s, lambda signum, _: caught.append(signum))
     try:
-        yield flag
+        yield caught
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -222,7 +224,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                 last_eval = run_eval()
             if t.checkpoint and t.checkpoint_every and step % t.checkpoint_every == 0:
                 checkpoint()
-            if stop.is_set():
+            if stop:
                 status = f"stopped by signal at step {step}"
                 break
     bar.close()
@@ -245,6 +247,8 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         "loadavg_1min_start": load_start, "loadavg_1min_end": os.getloadavg()[0],
         "threads": torch.get_num_threads()})
     logger.finish()
+    if stop:  # checkpoint and rows are written: now end as the signal asked (a multirun stops too)
+        signal.raise_signal(stop[0])
     return final
 
 
