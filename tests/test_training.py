@@ -141,3 +141,29 @@ def test_shuffled_batches_cover_epochs_and_resume(n, batch, drop_last, world):
     t = ShuffledBatches(data, batch, seed=5, drop_last=drop_last, rank=0, world_size=world)
     t.load_state_dict(state)
     assert [next(t).tolist() for _ in range(per_epoch + 2)] == expected
+
+
+@pytest.mark.parametrize("clip", [0.05, None])
+def test_one_step_equals_a_hand_written_clipped_radam_step(compose_cfg, tmp_path, clip):
+    cfg = compose_cfg(*BASE, "trainer.max_steps=1", f"trainer.grad_clip={clip or 'null'}", "trainer.eval_every=0",
+                      "trainer.optimizer.lr=0.01")
+
+    def fresh():
+        seed_everything(0)
+        return AutoregressiveTransformer(partial(LinearAttention), 11, n_layers=1, d_model=16, n_heads=2, d_ff=16)
+
+    model = fresh()
+    fit(model, copy_loss, CopyTask(8, 16, seed=0), cfg, run_dir=tmp_path)
+    ref = fresh()
+    loss, _ = copy_loss(ref, next(CopyTask(8, 16, seed=0)))
+    loss.backward()
+    grads = [p.grad for p in ref.parameters()]
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    if clip and norm > clip:  # clipping by the global norm, written out
+        for g in grads:
+            g.mul_(clip / (norm.item() + 1e-6))
+    torch.optim.RAdam(ref.parameters(), lr=0.01).step()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
+    row = read_jsonl(tmp_path / "results.jsonl")[0]
+    assert row["grad_norm"] == pytest.approx(norm.item(), rel=1e-4)  # logged before clipping
