@@ -1,0 +1,47 @@
+"""Resumable shuffled mini-batches over any map-style dataset (len + __getitem__), for the
+training loop's train_data: epoch e is ordered by a permutation drawn from (seed, e), so the
+stream position (epoch, index) is its whole state and a resumed run sees the same batches.
+Under DDP each rank takes every world_size-th item of the same permutation."""
+import torch
+from torch.utils.data import default_collate
+
+
+class ShuffledBatches:
+    def __init__(self, dataset, batch_size: int, seed: int = 0, drop_last: bool = True,
+                 collate_fn=default_collate, rank: int = 0, world_size: int = 1):
+        if batch_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"batches: need batch_size >= 1 and 0 <= rank < world_size; "
+                             f"got batch_size={batch_size}, rank={rank}, world_size={world_size}")
+        per_rank = len(dataset) // world_size
+        if per_rank < (batch_size if drop_last else 1):
+            raise ValueError(f"batches: {len(dataset)} items over {world_size} rank(s) cannot fill a batch of {batch_size}")
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.drop_last, self.collate_fn, self.rank, self.world_size = drop_last, collate_fn, rank, world_size
+        self.epoch, self.index = 0, 0
+        self._order = None
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """This rank's item indices for the epoch, in order."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        perm = torch.randperm(len(self.dataset), generator=g)
+        per_rank = len(self.dataset) // self.world_size  # equal shares: ranks stay in step
+        return perm[self.rank::self.world_size][:per_rank]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._order is None:
+            self._order = self.order(self.epoch)
+        left = len(self._order) - self.index
+        if left == 0 or (self.drop_last and left < self.batch_size):
+            self.epoch, self.index, self._order = self.epoch + 1, 0, self.order(self.epoch + 1)
+        idx = self._order[self.index:self.index + self.batch_size].tolist()
+        self.index += len(idx)
+        return self.collate_fn([self.dataset[i] for i in idx])
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict):
+        self.epoch, self.index, self._order = state["epoch"], state["index"], None

@@ -1,0 +1,212 @@
+"""task=copy: the paper's Figure 2. A causal transformer learns to repeat a random sequence
+after a separator (repro.data.CopyTask); loss and accuracy count the copy only.
+
+One run trains one attention with one seed through the shared loop (repro.training.fit) and
+writes train/eval/final rows to its run dir. A Hydra multirun over attention and seed (the
+figure), or over task.max_len (the length sweep), ends in aggregate(): loss against gradient
+steps per attention (mean over seeds, band from min to max), final accuracy and time per
+step per attention against N, as CSVs, plots and a table.
+"""
+import io
+import itertools
+from pathlib import Path
+
+import pandas as pd
+import torch.nn.functional as F
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from ..config import ConfigError, compose_group, group_options
+from ..data import CopyTask
+from ..models import AutoregressiveTransformer
+from ..results import REPO, atomic_write, read_jsonl, write_jsonl
+from ..training import fit, seed_everything
+
+
+def copy_loss(model, batch):
+    """Cross-entropy and accuracy over the copy positions only (batch["mask"])."""
+    logits = model(batch["tokens"])                                   # (B, N, V)
+    targets, mask = batch["targets"], batch["mask"].float()          # (B, N)
+    ce = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, N)
+    loss = (ce * mask).sum() / mask.sum()
+    right = (logits.argmax(-1) == targets).float() * mask
+    accuracy = right.sum() / mask.sum()
+    seq_accuracy = (right.sum(1) == mask.sum(1)).float().mean()  # the whole copy right
+    return loss, {"accuracy": accuracy.detach(), "seq_accuracy": seq_accuracy.detach()}
+
+
+def _attention_name(cfg) -> str:
+    if cfg.get("attention") is None:
+        raise ConfigError("task=copy needs an attention: attention=<one of conf/attention>")
+    if HydraConfig.initialized():
+        name = HydraConfig.get().runtime.choices.get("attention")
+        if name:
+            return name
+    # composed without Hydra's runtime (tests, notebooks): the conf/attention entry it equals
+    mine = OmegaConf.to_container(cfg.attention, resolve=True)
+    for name in group_options("attention"):
+        if OmegaConf.to_container(compose_group("attention", name), resolve=True) == mine:
+            return name
+    return cfg.attention._target_.rsplit(".", 1)[-1]
+
+
+def run(cfg) -> float:
+    t = cfg.task
+    name = _attention_name(cfg)
+    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(t.get("out_dir") or ".")
+    seed_everything(cfg.seed)
+    try:
+        data = CopyTask(t.batch_size, t.max_len, t.n_symbols, t.min_copy, t.max_copy, seed=cfg.seed)
+    except ValueError as err:
+        raise ConfigError(f"task.{err}") from err
+
+    def held_out():  # the same held-out sequences at every evaluation, for every run
+        stream = CopyTask(t.batch_size, t.max_len, t.n_symbols, t.min_copy, t.max_copy, seed=t.eval_seed)
+        return itertools.islice(stream, cfg.trainer.eval_batches)
+
+    model = AutoregressiveTransformer(instantiate(cfg.attention), n_tokens=data.vocab_size,
+                                      **OmegaConf.to_container(cfg.model, resolve=True))
+    m = cfg.model
+    identity = {"task": "copy", "attention": name, "target": cfg.attention._target_, "seed": cfg.seed,
+                "max_len": t.max_len, "min_copy": data.min_copy, "max_copy": data.max_copy,
+                "n_symbols": t.n_symbols, "batch_size": t.batch_size, "n_layers": m.n_layers,
+                "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff, "dropout": m.dropout,
+                "max_steps": cfg.trainer.max_steps, "label": t.label, "publish": t.publish}
+    final = fit(model, copy_loss, data, cfg, run_dir=run_dir, eval_data=held_out, identity=identity)
+    print(f"copy {name} N={t.max_len} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
+          f"eval loss {final.get('eval_loss', float('nan')):.4f}, eval accuracy "
+          f"{final.get('eval_accuracy', float('nan')):.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
+    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+        aggregate(read_jsonl(run_dir / "results.jsonl"), run_dir)
+    return float(final.get("eval_loss", float("nan")))
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+def curves(df) -> pd.DataFrame:
+    """Long table: per (N, attention, kind, metric, step), mean/std/min/max over seeds."""
+    parts = []
+    for kind, metrics in [("train", ["loss", "accuracy"]), ("eval", ["loss", "accuracy", "seq_accuracy"])]:
+        sub = df[df.kind == kind]
+        for metric in metrics:
+            if metric not in sub or sub[metric].isna().all():
+                continue
+            g = sub.groupby(["max_len", "attention", "step"], sort=False)[metric]
+            out = g.agg(["mean", "std", "min", "max", "count"]).reset_index().rename(columns={"count": "n_seeds"})
+            parts.append(out.assign(kind=kind, metric=metric))
+    cols = ["max_len", "attention", "kind", "metric", "step", "mean", "std", "min", "max", "n_seeds"]
+    return pd.concat(parts)[cols].sort_values(["max_len", "attention", "kind", "metric", "step"]) if parts else pd.DataFrame(columns=cols)
+
+
+def finals(df) -> pd.DataFrame:
+    """Per (N, attention): final held-out loss/accuracy (mean and std over seeds), time per step."""
+    g = df[df.kind == "final"].groupby(["max_len", "attention"])
+
+    def col(key, how):
+        return g[key].agg(how) if key in df else float("nan")
+
+    out = pd.DataFrame({
+        "n_seeds": g.seed.nunique(), "steps": g.steps.max(), "train_loss": col("train_loss", "mean"),
+        "eval_loss": col("eval_loss", "mean"), "eval_loss_std": col("eval_loss", "std"),
+        "eval_accuracy": col("eval_accuracy", "mean"), "eval_accuracy_std": col("eval_accuracy", "std"),
+        "eval_seq_accuracy": col("eval_seq_accuracy", "mean"),
+        "time_per_step_ms": g.time_per_step_ms.mean(),  # each run's median step, averaged over seeds
+        "cpu_time_per_step_ms": col("cpu_time_per_step_ms", "mean"),
+        "status": g.status.agg(lambda s: ",".join(sorted(set(s)))),
+    }).reset_index()
+    if "softmax" in set(out.attention):
+        ref = out[out.attention == "softmax"].set_index("max_len").time_per_step_ms
+        out["speedup_vs_softmax"] = out.max_len.map(ref) / out.time_per_step_ms
+        if "cpu_time_per_step_ms" in df:
+            ref = out[out.attention == "softmax"].set_index("max_len").cpu_time_per_step_ms
+            out["cpu_speedup_vs_softmax"] = out.max_len.map(ref) / out.cpu_time_per_step_ms
+    return out
+
+
+def _savefig(fig, path):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    atomic_write(path, buf.getvalue())
+
+
+def _title(df) -> str:
+    r = df.iloc[0]
+    label = f"{r['label']} | " if r.get("label") else ""
+    return (f"{label}copy task, {r.n_layers} layers, d_model {r.d_model}, {r.n_heads} heads, d_ff {r.d_ff}, "
+            f"batch {r.batch_size}, {r.max_steps} steps, {r.precision}\n{r.device}")
+
+
+def plot_curves(c, df, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted(c.max_len.unique())
+    fig, axes = plt.subplots(len(lengths), 2, figsize=(11, 3.8 * len(lengths)), squeeze=False)
+    for row, n in zip(axes, lengths):
+        for ax, (kind, metric, label) in zip(row, [("train", "loss", "training loss (copy tokens)"),
+                                                   ("eval", "accuracy", "held-out copy accuracy")]):
+            sel = c[(c.max_len == n) & (c.kind == kind) & (c.metric == metric)]
+            for name, g in sel.groupby("attention", sort=True):
+                line, = ax.plot(g.step, g["mean"], label=f"{name} ({int(g.n_seeds.max())} seeds)")
+                if g.n_seeds.max() > 1:
+                    ax.fill_between(g.step, g["min"], g["max"], color=line.get_color(), alpha=0.2, lw=0)
+            ax.set_xlabel("gradient steps")
+            ax.set_ylabel(label)
+            ax.set_title(f"N = {n}", fontsize=9)
+            ax.grid(True, alpha=0.3)
+            if metric == "loss":
+                ax.set_yscale("log")
+        row[0].legend(fontsize=8)
+    fig.suptitle(_title(df) + "\nline: mean over seeds; band: min to max over seeds", fontsize=8)
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
+
+
+def plot_lengths(f, df, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, g in f.groupby("attention", sort=True):
+        axes[0].errorbar(g.max_len, g.eval_accuracy, yerr=g.get("eval_accuracy_std"), marker="o", capsize=3, label=name)
+        line, = axes[1].plot(g.max_len, g.time_per_step_ms, marker="o", label=f"{name} (wall)")
+        if g.cpu_time_per_step_ms.notna().any():
+            axes[1].plot(g.max_len, g.cpu_time_per_step_ms, marker="s", ls="--", color=line.get_color(),
+                         label=f"{name} (process CPU time)")
+    axes[0].set_ylabel("final held-out copy accuracy")
+    axes[1].set_ylabel("time per training step (ms)")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length N")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(_title(df), fontsize=8)
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
+
+
+def aggregate(rows, out_dir) -> pd.DataFrame:
+    """copy_curves.csv/.png (Figure 2), copy_final.csv and table.txt; with more than one N,
+    also copy_lengths.png (accuracy and time per step against N). Rows carrying a `publish`
+    folder are written there too."""
+    df = pd.DataFrame(rows)
+    c, f = curves(df), finals(df)
+    text = f"{_title(df)}\n\n" + f.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    print(text)
+    publish = next((r.get("publish") for r in rows if r.get("publish")), None)
+    for d in [Path(out_dir)] + ([REPO / publish] if publish else []):
+        if d != Path(out_dir):  # the raw rows travel with the published aggregate
+            write_jsonl(d / "copy_rows.jsonl", rows)
+        atomic_write(d / "copy_curves.csv", c.to_csv(index=False))
+        atomic_write(d / "copy_final.csv", f.to_csv(index=False))
+        atomic_write(d / "table.txt", text + "\n")
+        plot_curves(c, df, d / "copy_curves.png")
+        if df.max_len.nunique() > 1:
+            plot_lengths(f, df, d / "copy_lengths.png")
+    return f

@@ -1,0 +1,83 @@
+"""Checkpoints: one file holding everything an exact resume needs (model, optimizer,
+scheduler, step, data stream position, every RNG state, the metric history so far), written
+atomically (the whole file, then a rename), and read back with one-line errors."""
+import io
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import ConfigError
+from ..results import atomic_write
+
+FORMAT = "repro-checkpoint-v1"
+LAST = "checkpoints/last.pt"  # relative to a run dir
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": (np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict):
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy(), *rest))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path, state: dict):
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buf)
+    atomic_write(path, buf.getvalue())
+
+
+def find_checkpoint(path) -> Path:
+    """A checkpoint file, or a run dir holding checkpoints/last.pt."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / LAST
+    if not p.is_file():
+        raise ConfigError(f"trainer.resume={str(path)!r}: no checkpoint at {p} "
+                          f"(give a checkpoint file or a run dir holding {LAST})")
+    return p
+
+
+def load_checkpoint(path) -> dict:
+    path = find_checkpoint(path)
+    try:
+        # Our own files: they hold Python/NumPy RNG tuples and lr-scheduler Counters.
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # truncated, not a torch file, unpicklable: all the same to the user
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"checkpoint {path} is corrupt or not a checkpoint: {msg[:200]}") from err
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(f"checkpoint {path} is not a {FORMAT} checkpoint "
+                          f"(format {state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
+    state["path"] = path
+    return state
+
+
+def check_fingerprint(ckpt: dict, fingerprint: dict):
+    """A checkpoint only resumes the run it came from: same task, model and attention."""
+    old = ckpt.get("fingerprint", {})
+    diff = [k for k in sorted(set(old) | set(fingerprint)) if old.get(k) != fingerprint.get(k)]
+    if diff:
+        k = diff[0]
+        raise ConfigError(f"checkpoint {ckpt['path']} does not match this run: {k} is {old.get(k)!r} there, "
+                          f"{fingerprint.get(k)!r} here" + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))
+
+
+def load_into(ckpt: dict, name: str, obj):
+    """obj.load_state_dict(ckpt[name]) with a one-line error naming the file."""
+    try:
+        obj.load_state_dict(ckpt[name])
+    except (KeyError, RuntimeError, ValueError, TypeError) as err:
+        msg = " ".join(str(err).split())
+        raise ConfigError(f"checkpoint {ckpt['path']}: its {name} state does not fit this run: {msg[:240]}") from err

@@ -1,0 +1,267 @@
+"""fit(): the training loop of every training task.
+
+The task builds the model, a loss function and the data; fit() does the rest:
+
+    loss, metrics = loss_fn(model, batch)      # loss: scalar tensor; metrics: {name: scalar}
+    train_data: an iterator of batches with state_dict() / load_state_dict() (the stream position;
+                repro.data.CopyTask, or repro.data.ShuffledBatches over any map-style dataset)
+    eval_data:  a callable returning an iterable of held-out batches (the same ones each call)
+
+Every trainer.log_every steps a "train" row (window means of loss and metrics), every
+trainer.eval_every steps an "eval" row, at the end a "final" row go to <run dir>/results.jsonl
+(each with the task's identity and repro.results.provenance) and to the logger.
+
+Resume: trainer.resume=<run dir or checkpoint file> restores model, optimizer, scheduler,
+step, data stream, every RNG state, the rows so far and the wandb run id; the run then goes on
+exactly as if never stopped (tests/test_training.py checks the next losses are equal). A
+resumed run writes into its own new run dir, whose results.jsonl holds the whole history.
+SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the current step; the
+checkpoint and the final row are written, then the signal takes its usual course
+(KeyboardInterrupt for SIGINT, exit for SIGTERM).
+"""
+import math
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf, open_dict
+from tqdm import tqdm
+
+from ..config import ConfigError, parse_device
+from ..logging import make_logger
+from ..results import provenance, write_jsonl
+from .checkpoint import LAST, check_fingerprint, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
+from .optim import build_optimizer, build_scheduler
+
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WARMUP_STEPS = 3  # first steps of a process, left out of time_per_step (allocations, lazy init)
+
+
+def seed_everything(seed: int):
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds CUDA too
+
+
+def to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+@contextmanager
+def _stop_on_signals():
+    """Yields a list that SIGINT/SIGTERM append their number to, so the loop can finish the
+    step and checkpoint before leaving; the caller then re-raises the signal."""
+    caught = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, lambda signum, _: caught.append(signum))
+    try:
+        yield caught
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _validate(t):
+    for key in ("max_steps", "log_every"):
+        if not isinstance(t[key], int) or t[key] < 1:
+            raise ConfigError(f"trainer.{key} must be a positive integer; got {t[key]!r}")
+    for key in ("eval_every", "checkpoint_every", "eval_batches"):
+        if t[key] is not None and (not isinstance(t[key], int) or t[key] < 0):
+            raise ConfigError(f"trainer.{key} must be a non-negative integer or null; got {t[key]!r}")
+    if t.precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={t.precision!r}; valid: {', '.join(PRECISIONS)}")
+    if t.grad_clip is not None and t.grad_clip <= 0:
+        raise ConfigError(f"trainer.grad_clip must be positive or null; got {t.grad_clip!r}")
+
+
+def _mean(values):
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+@torch.no_grad()
+def evaluate(model, loss_fn, batches, device, autocast) -> dict:
+    """Mean loss and metrics over the held-out batches. Runs under a forked RNG, so evaluating
+    (or not) leaves the training stream unchanged."""
+    was_training = model.training
+    model.eval()
+    sums, count = {}, 0
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        for batch in batches:
+            with autocast():
+                loss, metrics = loss_fn(model, to_device(batch, device))
+            for k, v in {"loss": loss, **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            count += 1
+    model.train(was_training)
+    return {k: v / count for k, v in sums.items()} if count else {}
+
+
+def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=None, fingerprint=None) -> dict:
+    """Train `model` per cfg.trainer; returns the final row (also written to results.jsonl).
+
+    identity: what every row carries to say which run it is (task, attention, sizes, seed).
+    fingerprint: what a checkpoint must match to be resumed here (default: cfg.model and
+    cfg.attention and the task's name).
+    """
+    t = cfg.trainer
+    _validate(t)
+    run_dir, device = Path(run_dir), parse_device(cfg.device)
+    identity = dict(identity or {})
+    fingerprint = fingerprint or _fingerprint(cfg)
+    dtype = PRECISIONS[t.precision]
+    if dtype is torch.float16 and device.type == "cpu":
+        raise ConfigError("trainer.precision=float16 needs a GPU; on CPU use bfloat16 or float32")
+
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+
+    model.to(device).train()
+    optimizer = build_optimizer(t.optimizer, model)
+    scheduler = build_scheduler(t.scheduler, optimizer)
+    plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+
+    step, rows, logger_id = 0, [], None
+    if t.resume:
+        ckpt = load_checkpoint(t.resume)
+        check_fingerprint(ckpt, fingerprint)
+        for name, obj in [("model", model), ("optimizer", optimizer), ("data", train_data)] + \
+                         ([("scheduler", scheduler)] if scheduler is not None else []):
+            load_into(ckpt, name, obj)
+        step, rows, logger_id = ckpt["step"], ckpt["rows"], ckpt.get("logger_run_id")
+        print(f"resumed from {ckpt['path']} at step {step}")
+    if logger_id and cfg.logger.get("run_id") is None:
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.logger.run_id = logger_id  # wandb continues the same run (other loggers ignore it)
+    rng = ckpt["rng"] if t.resume else rng_state()
+    logger = make_logger(cfg, run_dir)
+    set_rng_state(rng)  # whatever the logger drew, training starts from the seeded (or saved) state
+    meta = provenance(device)
+    identity.update(precision=t.precision, device_type=device.type)
+
+    def emit(kind, metrics):
+        row = {**identity, "kind": kind, "step": step, **metrics, **meta}
+        rows.append(row)
+        write_jsonl(run_dir / "results.jsonl", rows)
+        logger.log({f"{kind}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        return row
+
+    def checkpoint():
+        save_checkpoint(run_dir / LAST, {
+            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "data": train_data.state_dict(), "rng": rng_state(), "rows": rows,
+            "fingerprint": fingerprint, "logger_run_id": getattr(getattr(logger, "run", None), "id", None),
+            "config": OmegaConf.to_container(cfg, resolve=True)})
+
+    def run_eval():
+        if eval_data is None or not t.eval_batches:
+            return {}
+        out = evaluate(model, loss_fn, eval_data(), device, autocast)
+        if plateau:
+            scheduler.step(out["loss"])
+        emit("eval", out)
+        return out
+
+    window, step_times, cpu_times, status, last_eval = {}, [], [], "ok", {}
+    load_start = os.getloadavg()[0]
+    began = time.perf_counter()
+    bar = tqdm(total=t.max_steps, initial=step, desc=identity.get("task", "train"), unit="step",
+               dynamic_ncols=True, disable=not t.progress)
+    with _stop_on_signals() as stop:
+        while step < t.max_steps:
+            t0, c0 = time.perf_counter(), time.process_time()
+            batch = to_device(next(train_data), device)
+            try:
+                with autocast():
+                    loss, metrics = loss_fn(model, batch)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or math.inf)
+                scaler.step(optimizer)
+                scaler.update()
+            except torch.OutOfMemoryError as err:
+                status = f"oom: {str(err).splitlines()[0][:160]}"
+                break
+            if scheduler is not None and not plateau:
+                scheduler.step()
+            loss_value = loss.item()  # syncs the device, so the step time below is real
+            step += 1
+            step_times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
+            if not math.isfinite(loss_value):
+                status = f"error: non-finite loss {loss_value} at step {step}"
+                break
+            for k, v in {"loss": loss_value, "grad_norm": float(grad_norm), **metrics}.items():
+                window.setdefault(k, []).append(float(v))
+            bar.update(1)
+            if step % t.log_every == 0 or step == t.max_steps:
+                logged = {k: _mean(v) for k, v in window.items()}
+                emit("train", {**logged, "lr": optimizer.param_groups[0]["lr"]})
+                bar.set_postfix(loss=f"{logged['loss']:.4f}")
+                window = {}
+            if t.eval_every and (step % t.eval_every == 0 or step == t.max_steps):
+                last_eval = run_eval()
+            if t.checkpoint and t.checkpoint_every and step % t.checkpoint_every == 0:
+                checkpoint()
+            if stop:
+                status = f"stopped by signal at step {step}"
+                break
+    bar.close()
+    if t.eval_every and not last_eval and status.startswith(("ok", "stopped")) and step > 0:
+        last_eval = run_eval()
+    if t.checkpoint and not status.startswith(("oom", "error")):
+        checkpoint()  # at exit: what a resume continues from
+    timed = step_times[WARMUP_STEPS:] or step_times
+    cpu = cpu_times[WARMUP_STEPS:] or cpu_times
+    final = emit("final", {
+        "status": status, "steps": step, "steps_this_process": len(step_times),
+        "train_loss": rows_last(rows, "train", "loss"),
+        **{f"eval_{k}": v for k, v in last_eval.items()},
+        "time_per_step_ms": 1e3 * statistics.median(timed) if timed else None,
+        "time_per_step_mean_ms": 1e3 * _mean(timed) if timed else None,
+        # this process's CPU time (all its threads): barely moved by other processes' load
+        "cpu_time_per_step_ms": 1e3 * statistics.median(cpu) if cpu else None,
+        "train_time_s": time.perf_counter() - began,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "loadavg_1min_start": load_start, "loadavg_1min_end": os.getloadavg()[0],
+        "threads": torch.get_num_threads()})
+    logger.finish()
+    if stop:  # checkpoint and rows are written: now end as the signal asked (a multirun stops too)
+        signal.raise_signal(stop[0])
+    return final
+
+
+def rows_last(rows, kind, key):
+    return next((r[key] for r in reversed(rows) if r["kind"] == kind and key in r), None)
+
+
+def _fingerprint(cfg) -> dict:
+    """Flattened model and attention settings and the task's name."""
+    out = {"task": cfg.task.get("name")}
+    for group in ("model", "attention"):
+        node = cfg.get(group)
+        if node is not None:
+            for k, v in OmegaConf.to_container(node, resolve=True).items():
+                out[f"{group}.{k}"] = v
+    return out
