@@ -130,7 +130,8 @@ def run(cfg) -> float:
                 status, at = failed[name]
                 result = {"status": status, "reason": f"skipped: {status} at N={at}"}
             elif isolate:
-                result = _run_isolated(spec, memory_limit, t.time_budget_s + 60)
+                # the budget, then at most one more pass (memory), which is itself under the budget
+                result = _run_isolated(spec, memory_limit, 2 * t.time_budget_s + 60)
             else:
                 result = measure_safely(spec)
             row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
@@ -208,18 +209,23 @@ def _plot(df, path):
             if len(bad) and len(ok):
                 ax.plot(bad.n, [ok[col].iloc[-1]], marker="x", ls="", ms=10, color=line.get_color())
                 ax.annotate(bad.status.iloc[0], (bad.n.iloc[0], ok[col].iloc[-1]), fontsize=8,
-                            textcoords="offset points", xytext=(4, 4))
+                            textcoords="offset points", xytext=(-4, 6), ha="right")
         ax.set_xscale("log", base=2)
         if (df.status == "ok").any():  # an all-failed sweep still gets its (empty) figure
             ax.set_yscale("log")
         ax.set_xlabel("sequence length N")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend()
-    first = df.iloc[0]
-    fig.suptitle(f"attention forward+backward, d_model={first.d_model}, heads={first.n_heads}, "
-                 f"{first.dtype}, causal={first.causal}\n{first.device}", fontsize=9)
-    fig.tight_layout()
+    # Below the axes rather than inside: with a whole family the legend would hide the curves.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8,
+               frameon=False)
+    first = df.iloc[0]  # first.dtype would be the row's pandas dtype, hence the item access
+    fig.suptitle(f"attention forward+backward, d_model={first['d_model']}, "
+                 f"heads={first['n_heads']}, {first['dtype']}, causal={first['causal']}\n"
+                 f"{first['device']}", fontsize=9)
+    rows_of_legend = -(-len(labels) // 6)
+    fig.tight_layout(rect=(0, 0.05 * rows_of_legend, 1, 1))
     import io
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
