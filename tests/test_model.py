@@ -113,7 +113,8 @@ def test_throughput_task_runs_and_labels_extrapolation(compose_cfg, tmp_path):
                       "task.time_budget_s=0.3", "task.probes=3", f"+run_dir={tmp_path}")
     throughput.run(cfg)
     rows = {r["method"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
-    assert set(rows) == {"linear", "stateful-softmax", "softmax"}
+    assert set(rows) == {"linear", "stateful-softmax", "softmax", "lsh-1", "lsh-4"}
+    assert rows["lsh-4"]["mode"] == "rerun" and rows["lsh-4"]["attention_settings"] == {"chunk_size": 29}
     for r in rows.values():
         assert r["status"] == "ok" and r["seconds"] > 0 and r["images_per_s"] == pytest.approx(2 / r["seconds"])
         assert r["extrapolated"] == (r["positions_measured"] < 783)

@@ -94,11 +94,16 @@ def run(cfg) -> float:
     for label, m in t.methods.items():
         if m.mode not in MODES:
             raise ConfigError(f"task.methods.{label}.mode={m.mode!r}; valid: {', '.join(MODES)}")
-        methods[label] = (m.attention, m.mode, compose_group("attention", m.attention))
+        methods[label] = (m.attention, m.mode, compose_group("attention", m.attention), m.get("settings") or {})
     out, meta, rows = run_dir(cfg), provenance(device), []
     jobs = [(s, label, b) for s in t.sizes for label in methods for b in t.batches]
     for size, label, batch in tqdm(jobs, desc="throughput", unit="run"):
-        att_name, mode, att_cfg = methods[label]
+        att_name, mode, att_cfg, settings = methods[label]
+        att_cfg = att_cfg.copy()
+        chosen = {key: value[size] if OmegaConf.is_dict(value) else value  # per size: {mnist: 29, ...}
+                  for key, value in settings.items()}
+        for key, value in chosen.items():
+            att_cfg[key] = value
         torch.manual_seed(cfg.seed)
         with building_from_config():
             model = PixelTransformer(instantiate(att_cfg), n_mixtures=t.n_mixtures, n_layers=LAYERS[size],
@@ -115,7 +120,7 @@ def run(cfg) -> float:
         except NotImplementedError as err:  # no recurrent form
             result = {"status": "error", "reason": str(err)}
         rows.append({"task": "throughput", "size": size, "method": label, "attention": att_name, "mode": mode,
-                     "batch": batch, "length": length, "n_layers": LAYERS[size], "dtype": t.dtype,
+                     "attention_settings": chosen, "batch": batch, "length": length, "n_layers": LAYERS[size], "dtype": t.dtype,
                      "threads": torch.get_num_threads(), "seed": cfg.seed, **result, **meta})
         write_jsonl(out / "results.jsonl", rows)
     return aggregate(rows, out, publish=t.get("publish"))
