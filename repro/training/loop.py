@@ -6,6 +6,10 @@ The task builds the model, a loss function and the data; fit() does the rest:
     train_data: an iterator of batches with state_dict() / load_state_dict() (the stream position;
                 repro.data.CopyTask, or repro.data.ShuffledBatches over any map-style dataset)
     eval_data:  a callable returning an iterable of held-out batches (the same ones each call)
+    eval_hook:  optional callable(model, step) -> {name: value}, run after each evaluation (in eval
+                mode, no grad, RNG forked) and merged into its row: decoded error rates, sample
+                grids written to disk. trainer.plateau_metric names the eval metric that a
+                ReduceLROnPlateau schedule follows (default: loss).
 
 Every trainer.log_every steps a "train" row (window means of loss and metrics), every
 trainer.eval_every steps an "eval" row, at the end a "final" row go to <run dir>/results.jsonl
@@ -114,7 +118,18 @@ def evaluate(model, loss_fn, batches, device, autocast) -> dict:
     return {k: v / count for k, v in sums.items()} if count else {}
 
 
-def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=None, fingerprint=None) -> dict:
+def _run_hook(hook, model, step, device) -> dict:
+    was_training = model.training
+    model.eval()
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+        extra = hook(model, step) or {}
+    model.train(was_training)
+    return extra
+
+
+def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=None, fingerprint=None,
+        eval_hook=None) -> dict:
     """Train `model` per cfg.trainer; returns the final row (also written to results.jsonl).
 
     identity: what every row carries to say which run it is (task, attention, sizes, seed).
@@ -177,8 +192,13 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         if eval_data is None or not t.eval_batches:
             return {}
         out = evaluate(model, loss_fn, eval_data(), device, autocast)
+        if eval_hook is not None:
+            out.update(_run_hook(eval_hook, model, step, device))
         if plateau:
-            scheduler.step(out["loss"])
+            metric = t.get("plateau_metric") or "loss"
+            if metric not in out:
+                raise ConfigError(f"trainer.plateau_metric={metric!r} is not an eval metric; valid: {', '.join(out)}")
+            scheduler.step(out[metric])
         emit("eval", out)
         return out
 
