@@ -122,6 +122,14 @@ def compile_model(module, backend: str = "inductor", **kwargs):
     return torch.compile(module, backend=backend, **kwargs)
 
 
+def compile_step(model, backend: str = "inductor"):
+    """Compile a model's recurrent `step` in place (repro.models.generate then samples through
+    the compiled step). dynamic=True: the key/value cache of softmax grows every token, and one
+    graph with a symbolic length beats a recompilation per length. Returns the model."""
+    model.step = torch.compile(type(model).step.__get__(model), backend=backend, dynamic=True)
+    return model
+
+
 def _mean(values):
     return float(sum(values) / len(values)) if values else float("nan")
 
