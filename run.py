@@ -7,6 +7,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
 from repro.config import CONF_DIR, ConfigError, group_options
+from repro.training import distributed
 
 
 def check_group_choices(argv):
@@ -39,4 +40,8 @@ if __name__ == "__main__":
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    main()
+    distributed.share_run_dir(sys.argv)  # under torchrun: one run dir, chosen by rank 0, for all ranks
+    try:
+        main()
+    finally:
+        distributed.cleanup()

@@ -1,5 +1,6 @@
 """Hydra callbacks: at the end of a multirun, gather every job's results.jsonl into the
-sweep directory and let the task aggregate them (one CSV, one plot, one table)."""
+sweep directory and let the task aggregate them (one CSV, one plot, one table). With
+logger=wandb, each job's and the sweep's CSVs and figures go to wandb as tables and images."""
 import importlib
 from collections import defaultdict
 from pathlib import Path
@@ -10,6 +11,15 @@ from .results import read_jsonl, write_jsonl
 
 
 class AggregateSweep(Callback):
+    def on_job_end(self, config, job_return=None, **kwargs):
+        from hydra.core.hydra_config import HydraConfig
+
+        from .logging import publish_dir
+        from .training.distributed import is_main
+
+        if is_main() and HydraConfig.initialized():
+            publish_dir(config, HydraConfig.get().runtime.output_dir)
+
     def on_multirun_end(self, config, **kwargs):
         sweep_dir = Path(config.hydra.sweep.dir)
         by_task = defaultdict(list)
@@ -22,3 +32,7 @@ class AggregateSweep(Callback):
             if hasattr(module, "aggregate"):
                 print(f"\n[{task}] {len(rows)} rows from {sweep_dir}")
                 module.aggregate(rows, sweep_dir)
+        if by_task:
+            from .logging import publish_dir
+
+            publish_dir(config, sweep_dir, group=sweep_dir.name, job_type="sweep", name=f"{sweep_dir.name}-aggregate")

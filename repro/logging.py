@@ -1,8 +1,17 @@
 """Loggers (conf/logger): where metrics go besides the rows every task writes to disk.
-wandb is optional: `logger=wandb logger.mode=offline` works with no account or network."""
+wandb is optional: `logger=wandb logger.mode=offline` works with no account or network.
+
+wandb runs are grouped by sweep (the sweep dir's name) or by experiment preset, their job_type
+is the task, their config the resolved run config; a resumed training run continues the same
+wandb run (its id travels in the checkpoint). At the end of a job (and of a sweep, after the
+aggregation) repro.callbacks logs the CSVs and PNGs of its directory: tables and figures.
+"""
 import csv
+import math
 import os
 from pathlib import Path
+
+RUN_ID_FILE = "wandb_run_id"  # in a run dir: the wandb run its rows went to
 
 
 class NullLogger:
@@ -51,17 +60,24 @@ class WandbLogger(NullLogger):
             raise ConfigError(f"logger.mode={mode!r} is not valid; valid: online, offline, disabled")
         os.environ.setdefault("WANDB_SILENT", "true")
         self.wandb = wandb
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=project, entity=entity, mode=mode, group=group, job_type=job_type,
-                              name=name, tags=list(tags or []), config=run_config, dir=str(self.run_dir),
-                              id=run_id, resume="allow" if run_id else None)
+                              name=name or self.run_dir.name, tags=list(tags or []), config=run_config,
+                              dir=str(self.run_dir), id=run_id, resume="allow" if run_id else None)
+        if mode != "disabled":
+            from .results import atomic_write
+            atomic_write(self.run_dir / RUN_ID_FILE, self.run.id + "\n")
 
     def log(self, metrics, step=None):
         self.run.log(metrics, step=step)
 
     def log_table(self, name, rows):
+        """rows: a list of dicts (columns: every key seen). Numbers stay numbers (sortable and
+        plottable in the dashboard); nested values become text."""
         if rows:
             keys = list(dict.fromkeys(k for r in rows for k in r))
-            self.run.log({name: self.wandb.Table(columns=keys, data=[[str(r.get(k)) for k in keys] for r in rows])})
+            data = [[_cell(r.get(k)) for k in keys] for r in rows]
+            self.run.log({name: self.wandb.Table(columns=keys, data=data)})
 
     def log_image(self, name, path):
         self.run.log({name: self.wandb.Image(str(path))})
@@ -70,7 +86,28 @@ class WandbLogger(NullLogger):
         self.run.finish()
 
 
-def make_logger(cfg, run_dir):
+def _cell(v):
+    if v is None or isinstance(v, bool) or isinstance(v, int) or isinstance(v, str):
+        return v
+    if isinstance(v, float):
+        return None if math.isnan(v) else v
+    return str(v)
+
+
+def default_group(cfg) -> str | None:
+    """Runs of one sweep share a group (the sweep dir's name); a single run is grouped by its
+    experiment preset when it has one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if hc.mode.name == "MULTIRUN":
+        return Path(hc.sweep.dir).name
+    return hc.runtime.choices.get("experiment")
+
+
+def make_logger(cfg, run_dir, **overrides):
     """The logger of conf/logger for this run, given the resolved config to record."""
     from hydra.utils import get_class
     from omegaconf import OmegaConf
@@ -79,4 +116,36 @@ def make_logger(cfg, run_dir):
     # its _target_ entries unbuilt.
     kwargs = OmegaConf.to_container(cfg.logger, resolve=True)
     cls = get_class(kwargs.pop("_target_"))
+    if cls is WandbLogger and kwargs.get("group") is None:
+        kwargs["group"] = default_group(cfg)
+    kwargs.update(overrides)
     return cls(run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True), **kwargs)
+
+
+def publish_dir(cfg, out_dir, max_rows: int = 10_000, **overrides) -> bool:
+    """Log every CSV (as a table) and PNG (as an image) directly in out_dir to wandb, into the
+    run that wrote there (its id in out_dir/wandb_run_id) or a new one. A no-op for other loggers.
+    Returns whether anything was logged."""
+    import pandas as pd
+    from hydra.utils import get_class
+
+    out_dir = Path(out_dir)
+    if cfg.get("logger") is None or get_class(cfg.logger._target_) is not WandbLogger:
+        return False
+    if cfg.logger.get("mode") == "disabled" or os.environ.get("WANDB_MODE") == "disabled":
+        return False
+    files = sorted(out_dir.glob("*.csv")) + sorted(out_dir.glob("*.png"))
+    if not files:
+        return False
+    id_file = out_dir / RUN_ID_FILE
+    if id_file.is_file() and "run_id" not in overrides:
+        overrides["run_id"] = id_file.read_text().strip()
+    logger = make_logger(cfg, out_dir, **overrides)
+    for path in files:
+        if path.suffix == ".csv":
+            df = pd.read_csv(path).head(max_rows)
+            logger.log_table(f"tables/{path.stem}", df.to_dict("records"))
+        else:
+            logger.log_image(f"figures/{path.stem}", path)
+    logger.finish()
+    return True

@@ -22,6 +22,7 @@ from ..data import CopyTask
 from ..models import AutoregressiveTransformer
 from ..results import REPO, atomic_write, read_jsonl, write_jsonl
 from ..training import fit, seed_everything
+from ..training.distributed import is_main
 
 
 def copy_loss(model, batch):
@@ -77,7 +78,7 @@ def run(cfg) -> float:
     print(f"copy {name} N={t.max_len} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
           f"eval loss {final.get('eval_loss', float('nan')):.4f}, eval accuracy "
           f"{final.get('eval_accuracy', float('nan')):.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
-    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+    if is_main() and (not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN"):
         aggregate(read_jsonl(run_dir / "results.jsonl"), run_dir)
     return float(final.get("eval_loss", float("nan")))
 

@@ -22,6 +22,19 @@ resumed run writes into its own new run dir, whose results.jsonl holds the whole
 SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the current step; the
 checkpoint and the final row are written, then the signal takes its usual course
 (KeyboardInterrupt for SIGINT, exit for SIGTERM).
+
+DDP (repro.training.distributed): under torchrun, or SLURM with several tasks, fit() joins the
+process group, wraps the model in DistributedDataParallel and gives each rank its slice of the
+global batch (train_data yields global batches; a stream with its own `world_size` attribute,
+e.g. ShuffledBatches(rank=, world_size=), is taken as already sharded). loss_fn then receives
+the DDP wrapper: call model(...), not other methods of it, in the training loss. Train and eval
+metrics are averaged over ranks; rank 0 alone writes rows, logs and checkpoints (the others
+wait at a barrier). The losses equal a single process's on the same global batch when the
+loss is a mean over equal shares (tests/test_distributed.py).
+
+trainer.compile=true trains a torch.compile'd model (trainer.compile_backend: inductor, or
+aot_eager / eager for a quick check); evaluation, eval_hook and checkpoints use the plain
+module, so checkpoints stay interchangeable.
 """
 import math
 import os
@@ -39,8 +52,9 @@ from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
 from ..config import ConfigError, parse_device
-from ..logging import make_logger
+from ..logging import NullLogger, make_logger
 from ..results import provenance, write_jsonl
+from . import distributed as ddp
 from .checkpoint import LAST, check_fingerprint, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
 from .optim import build_optimizer, build_scheduler
 
@@ -93,6 +107,27 @@ def _validate(t):
         raise ConfigError(f"trainer.precision={t.precision!r}; valid: {', '.join(PRECISIONS)}")
     if t.grad_clip is not None and t.grad_clip <= 0:
         raise ConfigError(f"trainer.grad_clip must be positive or null; got {t.grad_clip!r}")
+    if t.get("compile", False) not in (True, False):
+        raise ConfigError(f"trainer.compile must be true or false; got {t.get('compile')!r}")
+    backend = t.get("compile_backend", "inductor")
+    if t.get("compile"):
+        import torch._dynamo
+    if t.get("compile") and backend not in torch._dynamo.list_backends(exclude_tags=()):
+        raise ConfigError(f"trainer.compile_backend={backend!r}; valid: "
+                          f"{', '.join(sorted(torch._dynamo.list_backends(exclude_tags=())))}")
+
+
+def compile_model(module, backend: str = "inductor", **kwargs):
+    """torch.compile(module) with the backend named in the config (dynamic shapes left to torch)."""
+    return torch.compile(module, backend=backend, **kwargs)
+
+
+def compile_step(model, backend: str = "inductor"):
+    """Compile a model's recurrent `step` in place (repro.models.generate then samples through
+    the compiled step). dynamic=True: the key/value cache of softmax grows every token, and one
+    graph with a symbolic length beats a recompilation per length. Returns the model."""
+    model.step = torch.compile(type(model).step.__get__(model), backend=backend, dynamic=True)
+    return model
 
 
 def _mean(values):
@@ -102,20 +137,27 @@ def _mean(values):
 @torch.no_grad()
 def evaluate(model, loss_fn, batches, device, autocast) -> dict:
     """Mean loss and metrics over the held-out batches. Runs under a forked RNG, so evaluating
-    (or not) leaves the training stream unchanged."""
+    (or not) leaves the training stream unchanged. Under DDP each rank scores its slice of each
+    batch (the whole batch when it does not split evenly) and the means are averaged."""
     was_training = model.training
     model.eval()
     sums, count = {}, 0
     cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         for batch in batches:
+            if ddp.is_distributed():
+                try:
+                    batch = ddp.shard(batch, ddp.rank(), ddp.world_size())
+                except ConfigError:
+                    pass  # uneven: every rank scores the whole batch, the mean is the same
             with autocast():
                 loss, metrics = loss_fn(model, to_device(batch, device))
             for k, v in {"loss": loss, **metrics}.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             count += 1
     model.train(was_training)
-    return {k: v / count for k, v in sums.items()} if count else {}
+    out = {k: v / count for k, v in sums.items()} if count else {}
+    return dict(zip(out, ddp.mean_across_ranks(list(out.values()))))
 
 
 def _run_hook(hook, model, step, device) -> dict:
@@ -139,6 +181,14 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     t = cfg.trainer
     _validate(t)
     run_dir, device = Path(run_dir), parse_device(cfg.device)
+    distributed = ddp.init()
+    rank, world = ddp.rank(), ddp.world_size()
+    main = rank == 0
+    if distributed and device.type == "cuda":
+        device = torch.device("cuda", ddp.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    if distributed and getattr(train_data, "world_size", 1) == 1:
+        train_data = ddp.RankShard(train_data, rank, world)
     identity = dict(identity or {})
     fingerprint = fingerprint or _fingerprint(cfg)
     dtype = PRECISIONS[t.precision]
@@ -149,6 +199,13 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
 
     model.to(device).train()
+    train_model = model  # what the training loss calls: DDP and/or compiled around `model`
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if t.get("compile", False):
+        train_model = compile_model(train_model, t.get("compile_backend", "inductor"))
     optimizer = build_optimizer(t.optimizer, model)
     scheduler = build_scheduler(t.scheduler, optimizer)
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -168,32 +225,41 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         with open_dict(cfg):
             cfg.logger.run_id = logger_id  # wandb continues the same run (other loggers ignore it)
     rng = ckpt["rng"] if t.resume else rng_state()
-    logger = make_logger(cfg, run_dir)
+    if t.resume and len(ckpt.get("rng_ranks") or []) == world:
+        rng = ckpt["rng_ranks"][rank]
+    logger = make_logger(cfg, run_dir) if main else NullLogger(run_dir)
     set_rng_state(rng)  # whatever the logger drew, training starts from the seeded (or saved) state
+    if distributed and rank > 0 and not (t.resume and len(ckpt.get("rng_ranks") or []) == world):
+        torch.manual_seed(torch.initial_seed() + rank)  # each rank its own dropout masks
     meta = provenance(device)
     identity.update(precision=t.precision, device_type=device.type)
 
     def emit(kind, metrics):
         row = {**identity, "kind": kind, "step": step, **metrics, **meta}
         rows.append(row)
-        write_jsonl(run_dir / "results.jsonl", rows)
+        if main:
+            write_jsonl(run_dir / "results.jsonl", rows)
         logger.log({f"{kind}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
         return row
 
     def checkpoint():
-        save_checkpoint(run_dir / LAST, {
-            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "data": train_data.state_dict(), "rng": rng_state(), "rows": rows,
-            "fingerprint": fingerprint, "logger_run_id": getattr(getattr(logger, "run", None), "id", None),
-            "config": OmegaConf.to_container(cfg, resolve=True)})
+        rngs = ddp.all_gather_object(rng_state()) if distributed else None  # a collective: every rank
+        if main:
+            save_checkpoint(run_dir / LAST, {
+                "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "data": train_data.state_dict(), "rng": rng_state(), "rows": rows,
+                **({"rng_ranks": rngs, "world_size": world} if distributed else {}),
+                "fingerprint": fingerprint, "logger_run_id": getattr(getattr(logger, "run", None), "id", None),
+                "config": OmegaConf.to_container(cfg, resolve=True)})
+        ddp.barrier()  # nobody runs ahead of (or exits before) the file on disk
 
     def run_eval():
         if eval_data is None or not t.eval_batches:
             return {}
         out = evaluate(model, loss_fn, eval_data(), device, autocast)
-        if eval_hook is not None:
-            out.update(_run_hook(eval_hook, model, step, device))
+        if eval_hook is not None:  # rank 0's (it may write files); the others get its numbers
+            out.update(ddp.broadcast_object(_run_hook(eval_hook, model, step, device) if main else None))
         if plateau:
             metric = t.get("plateau_metric") or "loss"
             if metric not in out:
@@ -206,14 +272,14 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     load_start = os.getloadavg()[0]
     began = time.perf_counter()
     bar = tqdm(total=t.max_steps, initial=step, desc=identity.get("task", "train"), unit="step",
-               dynamic_ncols=True, disable=not t.progress)
+               dynamic_ncols=True, disable=not t.progress or not main)
     with _stop_on_signals() as stop:
         while step < t.max_steps:
             t0, c0 = time.perf_counter(), time.process_time()
             batch = to_device(next(train_data), device)
             try:
                 with autocast():
-                    loss, metrics = loss_fn(model, batch)
+                    loss, metrics = loss_fn(train_model, batch)
                 optimizer.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
@@ -226,6 +292,13 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
             if scheduler is not None and not plateau:
                 scheduler.step()
             loss_value = loss.item()  # syncs the device, so the step time below is real
+            if distributed:  # every rank logs, and stops, on the same numbers
+                names = list(metrics)
+                loss_value, *values, stopped = ddp.mean_across_ranks(
+                    [loss_value, *(float(metrics[k]) for k in names), float(bool(stop))])
+                metrics = dict(zip(names, values))
+                if stopped and not stop:
+                    stop.append(None)  # another rank was signalled: finish together
             step += 1
             step_times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
@@ -265,9 +338,11 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         "train_time_s": time.perf_counter() - began,
         "n_params": sum(p.numel() for p in model.parameters()),
         "loadavg_1min_start": load_start, "loadavg_1min_end": os.getloadavg()[0],
-        "threads": torch.get_num_threads()})
+        "threads": torch.get_num_threads(), "world_size": world,
+        **({"compile_backend": t.get("compile_backend", "inductor")} if t.get("compile", False) else {})})
     logger.finish()
-    if stop:  # checkpoint and rows are written: now end as the signal asked (a multirun stops too)
+    ddp.barrier()  # rank 0's rows are on disk before any rank goes on to read them
+    if stop and stop[0] is not None:  # checkpoint and rows are written: now end as the signal asked (a multirun stops too)
         signal.raise_signal(stop[0])
     return final
 

@@ -1,0 +1,41 @@
+"""The paper's numbers (Katharopoulos et al. 2020, arXiv 2006.16236 v3), in one place, for the
+report (repro.report) to put beside ours. Figure values are read off the log-log plot (about
+±15%); tables are as printed. Keys use this suite's names (conf/attention, throughput methods)."""
+
+# Figure 1: forward + backward of one attention layer, per sample, GTX 1080 Ti (11 GB).
+# {attention: {N: (time ms, memory MB)}}; None where the paper gives no point (out of memory).
+FIGURE1_HARDWARE = "NVIDIA GTX 1080 Ti 11 GB"
+FIGURE1 = {
+    "linear": {512: (0.6, 12), 4096: (5.0, 97), 65536: (100.0, 1500)},
+    "softmax": {512: (1.4, None), 4096: (65.0, 2600)},
+}
+FIGURE1_SLOPES = {"linear": 1.0, "softmax": 2.0}  # time and memory against N, log-log
+FIGURE1_LARGEST_N = {"softmax": 4096, "lsh-4": 16384, "lsh-8": 16384, "linear": 65536}
+
+# Figure 2: the copy task. Curves only: no numbers.
+FIGURE2_CLAIM = ("linear converges smoothly to the same loss as softmax; LSH (4 rounds, 64 buckets, "
+                 "chunk 32) ends higher (curves only, no numbers)")
+FIGURE2_SETUP = "4 layers, 8 heads, d_model 256, batch 64, RAdam 1e-3 -> 1e-4 after 3000 of 10,000 updates"
+
+# Tables 1 and 2: bits/dim of the test set and images/s of unconditional generation.
+# {dataset: {method: (bits/dim, images/s)}}; methods as in task=throughput.
+IMAGES_HARDWARE = {"mnist": "1 GPU (batch 10 for images/s)", "cifar10": "NVIDIA P40 24 GB (7 days of training each)"}
+IMAGES = {
+    "mnist": {"softmax": (0.621, 0.45), "stateful-softmax": (0.621, 7.56), "lsh-1": (0.745, 0.68),
+              "lsh-4": (0.676, 0.27), "linear": (0.644, 142.8)},
+    "cifar10": {"softmax": (3.47, 0.004), "stateful-softmax": (3.47, 0.32), "lsh-1": (3.39, 0.015),
+                "lsh-4": (3.51, 0.005), "linear": (3.40, 17.85)},
+}
+
+# Tables 4 and 5 (supplementary): seconds to generate one image at batch 1.
+# {dataset: {method: (CPU s, GPU s)}}
+SECONDS_PER_IMAGE = {
+    "mnist": {"softmax": (72.6, 10.2), "stateful-softmax": (7.4, 10.4), "lsh-1": (46.0, 19.2),
+              "lsh-4": (112.0, 55.8), "linear": (5.5, 7.3)},
+    "cifar10": {"softmax": (8651.4, 300.1), "stateful-softmax": (71.9, 70.4), "lsh-1": (2318.9, 221.6),
+                "lsh-4": (5263.7, 683.9), "linear": (45.1, 61.3)},
+}
+
+# Table 3: WSJ speech recognition, CTC over phonemes: validation PER % and seconds per epoch.
+ASR_HARDWARE = "1 GPU (not named in the paper)"
+ASR = {"bilstm": (10.94, 1047), "softmax": (5.12, 2711), "lsh-4": (9.33, 2250), "linear": (8.08, 824)}
