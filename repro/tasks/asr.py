@@ -94,7 +94,7 @@ def _rows(t, cfg):
         raise ConfigError(f"task.source={t.source!r}; valid: {', '.join(SOURCES)}")
     if t.source == "tts":
         settings = CorpusSettings(**OmegaConf.to_container(t.corpus, resolve=True))
-        folder = generate(settings, progress=cfg.trainer.progress)
+        folder = generate(settings, root=REPO / t.data_dir if t.get("data_dir") else None, progress=cfg.trainer.progress)
         rows = load_manifest(folder)
         split = {s: [r for r in rows if r["split"] == s] for s in ("train", "valid", "test")}
         return split, f"tts:{folder.name}"

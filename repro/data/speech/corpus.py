@@ -5,7 +5,11 @@ data/speech/tts-<hash of the settings>/ (audio/*.flac + manifest.jsonl + setting
 to a temporary folder and renamed, so an interrupted run leaves no half corpus).
 
 Splits: sentences are dealt into train / valid / test, so no sentence is in two splits; train and
-valid are spoken by the training voices, test only by a held-out voice."""
+valid are spoken by the training voices, test only by a held-out voice.
+
+Determinism: sentences, splits, voices, rates, pitches, noise and targets follow the seed
+exactly; the waveforms themselves carry espeak-ng's own run-to-run jitter (its synthesiser keeps
+state between calls, e.g. a few samples of timing), which no public seed controls."""
 import hashlib
 import json
 import os
