@@ -239,8 +239,11 @@ def aggregate(rows, out_dir) -> pd.DataFrame:
     text = f"{_title(df)}\n\n" + tab.to_string(index=False, float_format=lambda v: f"{v:.4g}")
     if "speed_vs_softmax" in tab and "linear" in set(tab.model):
         ratio = float(tab.set_index("model").loc["linear", "speed_vs_softmax"])
-        text += (f"\n\nlinear : softmax time per epoch = 1 : {ratio:.2f} at a mean of "
-                 f"{tab.mean_frames.iloc[0]:.0f} frames (the paper: 1 : 3.3 at about 800 frames, GPU)")
+        s = df[(df.kind == "summary") & (df.model == "linear")].iloc[0]
+        sub = s.get("model_subsample", 1) or 1
+        text += (f"\n\nlinear vs softmax, time per epoch: linear is {ratio:.2f}x as fast, at a mean of "
+                 f"{tab.mean_frames.iloc[0]:.0f} frames ({tab.mean_frames.iloc[0] / sub:.0f} encoder positions after "
+                 f"x{sub} subsampling); the paper: 3.3x at about 800 frames, on a GPU")
     print(text)
     publish = next((r.get("publish") for r in rows if r.get("publish")), None)
     for d in [Path(out_dir)] + ([REPO / publish] if publish else []):
