@@ -201,7 +201,8 @@ def _title(df) -> str:
     r = df[df.kind == "summary"].iloc[0]
     label = f"{r['label']} | " if r.get("label") else ""
     return (f"{label}CTC phoneme recognition, {r['data']}: {r['n_train']} train / {r['n_valid']} valid / {r['n_test']} test "
-            f"utterances, mean {r['mean_frames']:.0f} frames (max {r['max_frames']}), batch {r['batch_size']}, "
+            f"utterances,\n"
+            f"mean {r['mean_frames']:.0f} frames (max {r['max_frames']}), batch {r['batch_size']}, "
             f"{r['steps_per_epoch']} steps/epoch, {r['precision']}\n{r['device']}")
 
 
@@ -251,5 +252,6 @@ def aggregate(rows, out_dir) -> pd.DataFrame:
             write_jsonl(d / "asr_rows.jsonl", rows)
         atomic_write(d / "asr_table.csv", tab.to_csv(index=False))
         atomic_write(d / "table.txt", text + "\n")
-        plot(df, d / "asr_per.png")
+        if "per" in df and df.per.notna().any():  # a timing run (eval_every=0) has no curve
+            plot(df, d / "asr_per.png")
     return tab
