@@ -1,0 +1,257 @@
+"""task=asr: the paper's Table 3. CTC phoneme recognition from 40-dim log-mel filterbanks with
+a non-causal transformer (any attention) or the Bi-LSTM baseline, on the generated read-speech
+corpus (repro.data.speech) or a real corpus (LibriSpeech layout, Kaldi data dir).
+
+One run trains one encoder through the shared loop (repro.training.fit); every evaluation
+greedily decodes the whole validation set and reports its phoneme error rate (`per`, which a
+ReduceLROnPlateau schedule follows). At the end the validation, test and (when present) the
+real pocketsphinx utterances are decoded greedily and with torchaudio's beam search, and time
+per epoch is steps per epoch x the median step time. A multirun over encoder=... ends in
+aggregate(): the Table 3 rows (PER %, seconds per epoch, speed ratio against softmax).
+"""
+import statistics
+from pathlib import Path
+
+import jiwer
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from ..config import ConfigError, building_from_config
+from ..data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, eval_batches, spec_augment
+from ..data.speech import BLANK, PHONEMES, CorpusSettings, generate, load_kaldi, load_librispeech, load_manifest, load_pocketsphinx
+from ..results import REPO, atomic_write, provenance, read_jsonl, write_jsonl
+from ..training import fit, seed_everything
+from ..training.loop import parse_device, to_device
+from .copy import _attention_name
+
+N_LABELS = len(PHONEMES) + 1  # blank + 39 phonemes
+SOURCES = ("tts", "librispeech", "kaldi")
+PAPER = {"bilstm": (10.94, 1047), "softmax": (5.12, 2711), "lsh-4": (9.33, 2250), "linear": (8.08, 824)}
+
+
+def ctc_loss(model, batch):
+    log_probs, lengths = model(batch["features"], batch["lengths"])             # (B, T', C)
+    loss = F.ctc_loss(log_probs.transpose(0, 1), batch["labels"], lengths, batch["label_lengths"],
+                      blank=BLANK, reduction="mean", zero_infinity=True)
+    return loss, {}
+
+
+def greedy_decode(log_probs, lengths) -> list[list[int]]:
+    """Best label per frame, repeats merged, then blanks dropped (the CTC collapse rule)."""
+    best = log_probs.argmax(-1)                                                  # (B, T)
+    out = []
+    for b, n in zip(best.tolist(), lengths.tolist()):
+        path = b[:n]
+        out.append([c for i, c in enumerate(path) if c != BLANK and (i == 0 or c != path[i - 1])])
+    return out
+
+
+def beam_decoder(beam_size: int):
+    """torchaudio's lexicon-free CTC beam search (flashlight-text). Its token list needs a word
+    separator: "|" is appended as a label the model never emits."""
+    from torchaudio.models.decoder import ctc_decoder
+
+    return ctc_decoder(lexicon=None, tokens=["-", *PHONEMES, "|"], lm=None, beam_size=beam_size,
+                       blank_token="-", sil_token="|")
+
+
+def beam_decode(decoder, log_probs, lengths) -> list[list[int]]:
+    emissions = torch.cat([log_probs.float().cpu(), torch.full((*log_probs.shape[:2], 1), -1e4)], -1).contiguous()
+    hyps = decoder(emissions, lengths.cpu().to(torch.int32))
+    return [[t for t in h[0].tokens.tolist() if 0 < t <= len(PHONEMES)] for h in hyps]
+
+
+def per(hypotheses, references) -> float:
+    """Phoneme error rate: jiwer's word error rate over phoneme tokens (substitutions +
+    deletions + insertions over reference phonemes)."""
+    refs = [" ".join(PHONEMES[i - 1] for i in r) for r in references]
+    hyps = [" ".join(PHONEMES[i - 1] for i in h) for h in hypotheses]
+    return float(jiwer.wer(refs, hyps))
+
+
+def decode_set(model, batches, device, decoder=None) -> dict:
+    greedy, beam, refs = [], [], []
+    for batch in batches:
+        batch = to_device(batch, device)
+        log_probs, lengths = model(batch["features"], batch["lengths"])
+        greedy += greedy_decode(log_probs, lengths)
+        if decoder is not None:
+            beam += beam_decode(decoder, log_probs, lengths)
+        refs += [l[:n].tolist() for l, n in zip(batch["labels"], batch["label_lengths"])]
+    out = {"per": per(greedy, refs), "n_utts": len(refs)}
+    if decoder is not None:
+        out["per_beam"] = per(beam, refs)
+    return out
+
+
+def _rows(t, cfg):
+    """train / valid / test utterance rows, and a description of the data."""
+    if t.source not in SOURCES:
+        raise ConfigError(f"task.source={t.source!r}; valid: {', '.join(SOURCES)}")
+    if t.source == "tts":
+        settings = CorpusSettings(**OmegaConf.to_container(t.corpus, resolve=True))
+        folder = generate(settings, root=REPO / t.data_dir if t.get("data_dir") else None, progress=cfg.trainer.progress)
+        rows = load_manifest(folder)
+        split = {s: [r for r in rows if r["split"] == s] for s in ("train", "valid", "test")}
+        return split, f"tts:{folder.name}"
+    load = load_librispeech if t.source == "librispeech" else load_kaldi
+    split = {}
+    for s in ("train", "valid", "test"):
+        d = t.get(f"{s}_dir")
+        if d is None and s != "test":
+            raise ConfigError(f"task.source={t.source} needs task.{s}_dir")
+        split[s] = load(d, s) if d is not None else []
+    return split, f"{t.source}:{t.train_dir}"
+
+
+def run(cfg) -> float:
+    t, m = cfg.task, cfg.model
+    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(t.get("out_dir") or ".")
+    seed_everything(cfg.seed)
+    if m.get("encoder") not in ("transformer", "bilstm") or m.encoder not in m:
+        raise ConfigError(f"model.encoder={m.get('encoder')!r}; task=asr needs model=wsj (or wsj_tiny) and "
+                          f"encoder=bilstm|softmax|lsh-4|linear, or model.encoder=transformer|bilstm")
+    name = "bilstm" if m.encoder == "bilstm" else _attention_name(cfg)
+    splits, data_id = _rows(t, cfg)
+    f = t.features
+    fbank = LogMelFilterbank(f.n_mels, kind=f.kind)
+    train = SpeechDataset(splits["train"], fbank, f.norm, spec_augment=spec_augment(f.freq_mask, f.time_mask, f.n_masks),
+                          progress=cfg.trainer.progress)
+    stats = train.stats if f.norm == "global" else None
+    valid = SpeechDataset(splits["valid"], fbank, f.norm, stats)
+    test = SpeechDataset(splits["test"], fbank, f.norm, stats) if splits["test"] else None
+    real_rows = load_pocketsphinx(t.real_test) if t.source == "tts" and t.real_test and Path(t.real_test).is_dir() else []
+    real = SpeechDataset(real_rows, fbank, f.norm, stats) if real_rows else None
+    if not len(valid):
+        raise ConfigError("task: the validation set is empty")
+    data = BucketedBatches(train, t.batch_size, seed=cfg.seed)
+    valid_batches = eval_batches(valid, t.eval_batch_size)
+
+    with building_from_config():
+        attention = instantiate(cfg.attention) if m.encoder == "transformer" else None
+        model = instantiate(m[m.encoder], attention=attention, n_labels=N_LABELS, n_features=f.n_mels)
+    device = parse_device(cfg.device)
+    frames = train.lengths()
+    enc = OmegaConf.to_container(m[m.encoder], resolve=True)
+    enc.pop("_target_")
+    identity = {"task": "asr", "model": name, "encoder": m.encoder, "attention": name if m.encoder == "transformer" else None,
+                "seed": cfg.seed, "data": data_id, "n_train": len(train), "n_valid": len(valid),
+                "n_test": len(test) if test else 0, "mean_frames": statistics.mean(frames), "max_frames": max(frames),
+                "batch_size": t.batch_size, "steps_per_epoch": len(data), "max_steps": cfg.trainer.max_steps,
+                "optimizer": cfg.trainer.optimizer._target_, "lr": cfg.trainer.optimizer.lr,
+                **{f"model_{k}": v for k, v in enc.items()}, "label": t.label, "publish": t.publish}
+
+    def hook(model, step):
+        return {"per": decode_set(model, valid_batches, device)["per"]}
+
+    final = fit(model, ctc_loss, data, cfg, run_dir=run_dir, eval_data=lambda: valid_batches, identity=identity,
+                eval_hook=hook)
+    # the trained model on every held-out set, greedy and beam search
+    model.eval()
+    decoder = beam_decoder(t.beam_size) if t.beam_size else None
+    summary = {"status": final["status"], "steps": final["steps"], "train_loss": final["train_loss"],
+               "time_per_step_ms": final["time_per_step_ms"], "n_params": final["n_params"],
+               "time_per_epoch_s": (final["time_per_step_ms"] or float("nan")) * len(data) / 1e3,
+               "cpu_time_per_epoch_s": (final["cpu_time_per_step_ms"] or float("nan")) * len(data) / 1e3,
+               "epochs": final["steps"] / len(data)}
+    with torch.no_grad():
+        for split, ds in [("valid", valid), ("test", test), ("real", real)]:
+            if ds is not None and final["steps"]:
+                r = decode_set(model, eval_batches(ds, t.eval_batch_size), device, decoder)
+                summary.update({f"{split}_{k}": v for k, v in r.items()})
+    rows = read_jsonl(run_dir / "results.jsonl")
+    rows.append({**identity, "precision": cfg.trainer.precision, "kind": "summary", **summary, **provenance(device)})
+    write_jsonl(run_dir / "results.jsonl", rows)
+    print(f"asr {name}: {summary['status']}, {summary['steps']} steps ({summary['epochs']:.1f} epochs), valid PER "
+          f"{100 * summary.get('valid_per', float('nan')):.1f}% (beam {100 * summary.get('valid_per_beam', float('nan')):.1f}%), "
+          f"test PER {100 * summary.get('test_per', float('nan')):.1f}%, {summary['time_per_epoch_s']:.1f} s/epoch")
+    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+        aggregate(rows, run_dir)
+    return float(summary.get("valid_per", float("nan")))
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+def table(df) -> pd.DataFrame:
+    """Table 3: one row per model (mean over seeds)."""
+    s = df[df.kind == "summary"]
+    cols = [c for c in ("valid_per", "valid_per_beam", "test_per", "test_per_beam", "real_per", "real_per_beam") if c in s]
+    g = s.groupby("model", sort=False)
+    out = pd.DataFrame({"seeds": g.seed.nunique(), "steps": g.steps.max(), "epochs": g.epochs.mean(),
+                        **{f"{c}_%": 100 * g[c].mean() for c in cols},
+                        "s_per_epoch": g.time_per_epoch_s.mean(), "cpu_s_per_epoch": g.cpu_time_per_epoch_s.mean(),
+                        "ms_per_step": g.time_per_step_ms.mean(), "n_params": g.n_params.first(),
+                        "mean_frames": g.mean_frames.first(),
+                        "status": g.status.agg(lambda v: ",".join(sorted(set(v))))}).reset_index()
+    order = {k: i for i, k in enumerate(PAPER)}
+    out = out.sort_values("model", key=lambda c: c.map(lambda v: order.get(v, len(order)))).reset_index(drop=True)
+    if "softmax" in set(out.model):
+        ref = out.set_index("model")
+        out["speed_vs_softmax"] = ref.loc["softmax", "s_per_epoch"] / out.s_per_epoch
+    out["paper_per_%"] = out.model.map(lambda v: PAPER.get(v, (None, None))[0])
+    out["paper_s_per_epoch"] = out.model.map(lambda v: PAPER.get(v, (None, None))[1])
+    return out
+
+
+def _title(df) -> str:
+    r = df[df.kind == "summary"].iloc[0]
+    label = f"{r['label']} | " if r.get("label") else ""
+    return (f"{label}CTC phoneme recognition, {r['data']}: {r['n_train']} train / {r['n_valid']} valid / {r['n_test']} test "
+            f"utterances,\n"
+            f"mean {r['mean_frames']:.0f} frames (max {r['max_frames']}), batch {r['batch_size']}, "
+            f"{r['steps_per_epoch']} steps/epoch, {r['precision']}\n{r['device']}")
+
+
+def plot(df, path):
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ev = df[(df.kind == "eval") & df.get("per", pd.Series(dtype=float)).notna()]
+    for name, g in ev.groupby("model", sort=False):
+        m = g.groupby("step").per.mean()
+        ax.plot(m.index / g.steps_per_epoch.iloc[0], 100 * m.values, marker="o", ms=3, label=name)
+    ax.set_xlabel("epochs")
+    ax.set_ylabel("validation PER % (greedy)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(_title(df), fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    atomic_write(path, buf.getvalue())
+    plt.close(fig)
+
+
+def aggregate(rows, out_dir) -> pd.DataFrame:
+    """asr_table.csv, table.txt and asr_per.png (validation PER against epochs); rows carrying
+    a `publish` folder are written there too, with the raw rows."""
+    df = pd.DataFrame(rows)
+    if not (df.kind == "summary").any():
+        return pd.DataFrame()
+    tab = table(df)
+    text = f"{_title(df)}\n\n" + tab.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    if "speed_vs_softmax" in tab and "linear" in set(tab.model):
+        ratio = float(tab.set_index("model").loc["linear", "speed_vs_softmax"])
+        s = df[(df.kind == "summary") & (df.model == "linear")].iloc[0]
+        sub = s.get("model_subsample", 1) or 1
+        text += (f"\n\nlinear vs softmax, time per epoch: linear is {ratio:.2f}x as fast, at a mean of "
+                 f"{tab.mean_frames.iloc[0]:.0f} frames ({tab.mean_frames.iloc[0] / sub:.0f} encoder positions after "
+                 f"x{sub} subsampling); the paper: 3.3x at about 800 frames, on a GPU")
+    print(text)
+    publish = next((r.get("publish") for r in rows if r.get("publish")), None)
+    for d in [Path(out_dir)] + ([REPO / publish] if publish else []):
+        if d != Path(out_dir):
+            write_jsonl(d / "asr_rows.jsonl", rows)
+        atomic_write(d / "asr_table.csv", tab.to_csv(index=False))
+        atomic_write(d / "table.txt", text + "\n")
+        if "per" in df and df.per.notna().any():  # a timing run (eval_every=0) has no curve
+            plot(df, d / "asr_per.png")
+    return tab
