@@ -233,9 +233,9 @@ def plot_curves(c, df, path):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     r = df.iloc[0]
-    label = f"{r['label']} | " if r.get("label") else ""
-    ax.set_title(f"{label}{r.dataset} {tuple(r.image_shape)} ({r.data_source}), {r.n_layers} layers, d_model "
-                 f"{r.d_model}, batch {r.batch_size}, {r.precision}\n{r.device}", fontsize=7)
+    label = f"{r['label']}\n" if r.get("label") else ""
+    ax.set_title(f"{label}{r.dataset} {tuple(r.image_shape)} from {r.data_source}\n{r.n_layers} layers, d_model "
+                 f"{r.d_model}, {r.n_heads} heads, batch {r.batch_size}, {r.precision}, {r.device}", fontsize=7)
     fig.tight_layout()
     _savefig(fig, path)
     plt.close(fig)
