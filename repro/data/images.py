@@ -75,7 +75,9 @@ def _torchvision(name, root, download):
         sets = [cls(str(root), train=train, download=download) for train in (True, False)]
     except RuntimeError as err:  # "Dataset not found or corrupted. You can use download=True ..."
         if download:
-            raise ConfigError(f"task.dataset={name}: download into {root} failed: {str(err).splitlines()[0]}") from err
+            why = " ".join(str(err).split())[:200]
+            raise ConfigError(f"task.dataset={name}: download into {root} failed ({why}); without internet put the "
+                              f"files there by hand or run with task.download=false") from err
         return None
     except OSError as err:  # no network (URLError is an OSError)
         raise ConfigError(f"task.dataset={name}: download into {root} failed ({type(err).__name__}: "
