@@ -62,8 +62,29 @@ class AttentionLayer(nn.Module):
                                       f"generate with it by re-running the prefix")
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"{type(self).__name__}.step: x must be (B, d_model={self.d_model}); got {tuple(x.shape)}")
-        q = self.q_proj(x).unflatten(-1, (self.n_heads, self.d_keys))  # (B, H, D)
-        k = self.k_proj(x).unflatten(-1, (self.n_heads, self.d_keys))
-        v = self.v_proj(x).unflatten(-1, (self.n_heads, self.d_values))
-        y, state = self.attend_step(q, k, v, state)  # (B, H, M)
-        return self.out_proj(y.flatten(-2)), state
+        if torch.is_grad_enabled():  # training through the step: plain modules, autograd as usual
+            q = self.q_proj(x).unflatten(-1, (self.n_heads, self.d_keys))  # (B, H, D)
+            k = self.k_proj(x).unflatten(-1, (self.n_heads, self.d_keys))
+            v = self.v_proj(x).unflatten(-1, (self.n_heads, self.d_values))
+            y, state = self.attend_step(q, k, v, state)  # (B, H, M)
+            return self.out_proj(y.flatten(-2)), state
+        # Generation: one matmul for q, k and v. Per-token cost is mostly per-op overhead here,
+        # and addmm on a transposed weight is also a faster kernel than F.linear at batch 1.
+        w, b = self._fused_qkv()
+        hd, hm = self.n_heads * self.d_keys, self.n_heads * self.d_values
+        q, k, v = torch.addmm(b, x, w).split([hd, hd, hm], -1)  # (B, 2 H D + H M)
+        y, state = self.attend_step(q.unflatten(-1, (self.n_heads, self.d_keys)),
+                                    k.unflatten(-1, (self.n_heads, self.d_keys)),
+                                    v.unflatten(-1, (self.n_heads, self.d_values)), state)  # (B, H, M)
+        return torch.addmm(self.out_proj.bias, y.flatten(-2), self.out_proj.weight.t()), state
+
+    def _fused_qkv(self):
+        """(W_q; W_k; W_v)^T (d_model, 2 H D + H M) and the biases, concatenated once and reused
+        while the parameters are unchanged (their storage and version counters are the key, so
+        an optimizer step, load_state_dict or .to() rebuilds it)."""
+        params = [p for m in (self.q_proj, self.k_proj, self.v_proj) for p in (m.weight, m.bias)]
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        if getattr(self, "_qkv_key", None) != key:
+            w = torch.cat([m.weight for m in (self.q_proj, self.k_proj, self.v_proj)]).t()
+            self._qkv, self._qkv_key = (w, torch.cat(params[1::2])), key
+        return self._qkv

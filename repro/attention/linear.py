@@ -34,6 +34,11 @@ def _acc(dtype):
 class LinearState:
     S: torch.Tensor  # (B, H, F, M)
     Z: torch.Tensor  # (B, H, F)
+    # On CPU, S and Z are views of one buffer SZ (B, H, F, M + 1) with Z as its last column, so
+    # one batched outer product with [v, 1] updates both and one matmul with phi(q) gives the
+    # numerator and the normaliser together; v1 holds [v, 1] between steps.
+    SZ: torch.Tensor | None = None
+    v1: torch.Tensor | None = None
 
 
 class LinearAttention(AttentionLayer):
@@ -64,7 +69,14 @@ class LinearAttention(AttentionLayer):
         q, k = self.feature_map(q), self.feature_map(k)  # (B, H, F)
         if state is None:
             acc = _acc(q.dtype)
-            state = LinearState(q.new_zeros(*q.shape, v.shape[-1], dtype=acc), q.new_zeros(q.shape, dtype=acc))
+            if q.is_cuda:
+                state = LinearState(q.new_zeros(*q.shape, v.shape[-1], dtype=acc), q.new_zeros(q.shape, dtype=acc))
+            else:
+                b, h, f, m = *q.shape, v.shape[-1]
+                sz = q.new_zeros(b, h, f, m + 1, dtype=acc)
+                state = LinearState(sz[..., :m], sz[..., m], sz, q.new_ones(b, h, 1, m + 1, dtype=acc))
+        if state.SZ is not None:
+            return self._fused_step(q, k, v, state), state
         if cb := _cupy_if("step_unsupported_reason", q, k, v, state.S, state.Z):
             return cb.linear_attention_step(q, k, v, state.S, state.Z, self.eps), state  # one launch
         dtype, acc = v.dtype, _acc(q.dtype)
@@ -74,3 +86,13 @@ class LinearAttention(AttentionLayer):
         num = (q[..., None, :] @ state.S)[..., 0, :]  # (B, H, M)
         den = (q * state.Z).sum(-1, keepdim=True)
         return (num / (den + self.eps)).to(dtype), state
+
+    def _fused_step(self, q, k, v, state: LinearState):
+        """The RNN step in four ops: [S | Z] += phi(k) [v, 1]^T; [num | den] = phi(q)^T [S | Z]."""
+        b, h, f, m1 = state.SZ.shape
+        acc = state.SZ.dtype
+        sz = state.SZ.view(b * h, f, m1)
+        state.v1[..., 0, :-1].copy_(v)  # [v, 1], cast to the accumulation dtype
+        sz.baddbmm_(k.reshape(b * h, f, 1).to(acc), state.v1.view(b * h, 1, m1))
+        out = torch.bmm(q.reshape(b * h, 1, f).to(acc), sz).view(b, h, m1)  # (B, H, M + 1)
+        return (out[..., :-1] / (out[..., -1:] + self.eps)).to(v.dtype)

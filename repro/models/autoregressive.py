@@ -31,7 +31,8 @@ class AutoregressiveTransformer(nn.Module):
 
     def forward(self, tokens, key_padding_mask=None):
         n = tokens.shape[1]
-        x = self.embed(tokens) + sinusoid(torch.arange(n, device=tokens.device), self.d_model)
+        x = self.embed(tokens)
+        x = x + sinusoid(torch.arange(n, device=tokens.device), self.d_model).to(x.dtype)
         x = self.encoder(self.dropout(x), causal=True, key_padding_mask=key_padding_mask)
         return self.head(x)
 
@@ -39,7 +40,15 @@ class AutoregressiveTransformer(nn.Module):
     def step(self, tokens, state: GenerationState | None = None):
         """tokens (B,) at the next position -> outputs (B, d_out), new state."""
         state = state or GenerationState()
-        pos = torch.tensor([state.position], device=tokens.device)
-        x = self.embed(tokens) + sinusoid(pos, self.d_model)
+        x = self.embed(tokens) + self._position(state.position, tokens.device)
         x, layers = self.encoder.step(self.dropout(x), state.layers or None)
         return self.head(x), GenerationState(state.position + 1, layers)
+
+    def _position(self, i, device):
+        """Row i of a table of position encodings, grown by doubling (no length limit)."""
+        table = getattr(self, "_pe", None)
+        dtype = self.embed.weight.dtype
+        if table is None or table.shape[0] <= i or table.device != device or table.dtype != dtype:
+            n = max(1024, 2 * i + 2)
+            self._pe = table = sinusoid(torch.arange(n, device=device), self.d_model).to(dtype)
+        return table[i]

@@ -9,6 +9,7 @@ extrapolated, and its row says so: recurrent steps from a linear fit of step tim
 position; re-run steps by timing the forward pass at probe positions over the rest of the
 image and integrating.
 """
+import os
 import time
 
 import numpy as np
@@ -41,7 +42,10 @@ def _sync(device):
 
 
 def _time_generation(model, length, batch, mode, budget, device, probes):
-    """(total seconds, positions measured, extrapolated?) for one batch of images."""
+    """(total seconds, positions measured, extrapolated?, process CPU seconds) for one batch of
+    images. CPU time (all this process's threads) barely moves with other processes' load on a
+    shared machine, where wall time does; an extrapolated total scales it by the same ratio as
+    the wall time."""
     first = torch.zeros(batch, 1, dtype=torch.long, device=device)
     stamps = []
 
@@ -52,12 +56,12 @@ def _time_generation(model, length, batch, mode, budget, device, probes):
             raise _OverBudget
 
     _sync(device)
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), time.process_time()
     try:
         generate(model, first, length, lambda y: dmol.sample(y), mode=mode, on_step=on_step)
-        return stamps[-1] - began, length - 1, False
+        return stamps[-1] - began, length - 1, False, time.process_time() - cpu_began
     except _OverBudget:
-        pass
+        cpu = time.process_time() - cpu_began
     done = len(stamps)  # positions 1..done sampled
     per_step = np.diff([began] + stamps)  # (done,): the cost of sampling position t = 1..done
     positions = np.arange(1, done + 1)
@@ -81,7 +85,8 @@ def _time_generation(model, length, batch, mode, budget, device, probes):
                 _sync(device)
                 costs.append(time.perf_counter() - t0)
         estimate = float(np.interp(rest, probe_at, costs).sum())
-    return float(per_step.sum()) + estimate, done, True
+    total = float(per_step.sum()) + estimate
+    return total, done, True, cpu * total / float(per_step.sum())
 
 
 def run(cfg) -> float:
@@ -95,6 +100,8 @@ def run(cfg) -> float:
         if m.mode not in MODES:
             raise ConfigError(f"task.methods.{label}.mode={m.mode!r}; valid: {', '.join(MODES)}")
         methods[label] = (m.attention, m.mode, compose_group("attention", m.attention), m.get("settings") or {})
+    if t.get("threads"):
+        torch.set_num_threads(int(t.threads))
     out, meta, rows = run_dir(cfg), provenance(device), []
     jobs = [(s, label, b) for s in t.sizes for label in methods for b in t.batches]
     for size, label, batch in tqdm(jobs, desc="throughput", unit="run"):
@@ -113,14 +120,18 @@ def run(cfg) -> float:
         model = model.to(device=device, dtype=dtype).eval()
         length = int(np.prod(IMAGE_SHAPES[size]))
         try:
-            total, measured, extrapolated = _time_generation(model, length, batch, mode, t.time_budget_s,
-                                                             device, t.probes)
+            load = os.getloadavg()[0]
+            total, measured, extrapolated, cpu = _time_generation(model, length, batch, mode, t.time_budget_s,
+                                                                  device, t.probes)
             result = {"status": "ok", "seconds": total, "seconds_per_image": total / batch,
-                      "images_per_s": batch / total, "positions_measured": measured, "extrapolated": extrapolated}
+                      "images_per_s": batch / total, "cpu_seconds_per_image": cpu / batch,
+                      "positions_measured": measured, "extrapolated": extrapolated,
+                      "loadavg_1min_start": load, "loadavg_1min_end": os.getloadavg()[0]}
         except NotImplementedError as err:  # no recurrent form
             result = {"status": "error", "reason": str(err)}
         rows.append({"task": "throughput", "size": size, "method": label, "attention": att_name, "mode": mode,
                      "attention_settings": chosen, "batch": batch, "length": length, "n_layers": LAYERS[size], "dtype": t.dtype,
+                     "device_type": device.type,
                      "threads": torch.get_num_threads(), "seed": cfg.seed, **result, **meta})
         write_jsonl(out / "results.jsonl", rows)
     return aggregate(rows, out, publish=t.get("publish"))
@@ -129,6 +140,7 @@ def run(cfg) -> float:
 def aggregate(rows, out_dir, publish=None) -> float:
     df = pd.DataFrame([r for r in rows if r["status"] == "ok"])
     lines = []
+    device_is_cpu = "cpu_seconds_per_image" in df and (df.get("device_type", pd.Series(["cpu"])) == "cpu").all()
     for size, g in df.groupby("size", sort=False):
         table = []
         for method, m in g.groupby("method", sort=False):
@@ -137,11 +149,16 @@ def aggregate(rows, out_dir, publish=None) -> float:
                 mark = " (extrapolated)" if r.extrapolated else ""
                 row[f"s/image @{r.batch}"] = f"{r.seconds_per_image:.3g}{mark}"
                 row[f"images/s @{r.batch}"] = f"{r.images_per_s:.3g}"
+                if device_is_cpu and r.cpu_seconds_per_image == r.cpu_seconds_per_image:  # not NaN
+                    row[f"CPU-time s/image @{r.batch}"] = f"{r.cpu_seconds_per_image:.3g}"
             b1 = m[m.batch == m.batch.min()].seconds_per_image.iloc[0]
             for ref in ("softmax", "stateful-softmax"):
-                base = g[(g.method == ref) & (g.batch == m.batch.min())].seconds_per_image
+                base = g[(g.method == ref) & (g.batch == m.batch.min())]
                 if len(base) and method != ref:
-                    row[f"speed-up vs {ref}"] = f"{base.iloc[0] / b1:.3g}x"
+                    row[f"speed-up vs {ref}"] = f"{base.seconds_per_image.iloc[0] / b1:.3g}x"
+                    if device_is_cpu:  # the same ratio in CPU time (robust to a shared machine's load)
+                        c1 = m[m.batch == m.batch.min()].cpu_seconds_per_image.iloc[0]
+                        row[f"CPU-time speed-up vs {ref}"] = f"{base.cpu_seconds_per_image.iloc[0] / c1:.3g}x"
             row["paper CPU s/image @1"] = PAPER_CPU_S[size].get(method, "")
             table.append(row)
         lines += [f"{size} ({int(g.length.iloc[0])} values, {int(g.n_layers.iloc[0])} layers, "

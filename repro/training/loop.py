@@ -8,7 +8,8 @@ The task builds the model, a loss function and the data; fit() does the rest:
     eval_data:  a callable returning an iterable of held-out batches (the same ones each call)
     eval_hook:  optional callable(model, step) -> {name: value}, run after each evaluation (in eval
                 mode, no grad, RNG forked) and merged into its row: decoded error rates, sample
-                grids written to disk. trainer.plateau_metric names the eval metric that a
+                grids written to disk (a value that is a pathlib.Path to a .png also goes to the
+                logger's log_image, e.g. wandb). trainer.plateau_metric names the eval metric that a
                 ReduceLROnPlateau schedule follows (default: loss).
 
 Every trainer.log_every steps a "train" row (window means of loss and metrics), every
@@ -259,7 +260,14 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
             return {}
         out = evaluate(model, loss_fn, eval_data(), device, autocast)
         if eval_hook is not None:  # rank 0's (it may write files); the others get its numbers
-            out.update(ddp.broadcast_object(_run_hook(eval_hook, model, step, device) if main else None))
+            extra = {}
+            if main:
+                for k, v in _run_hook(eval_hook, model, step, device).items():
+                    if isinstance(v, Path) and v.suffix == ".png":  # a sample grid: to wandb too
+                        logger.log_image(f"eval/{k}", v)
+                        v = str(v)
+                    extra[k] = v
+            out.update(ddp.broadcast_object(extra if main else None))
         if plateau:
             metric = t.get("plateau_metric") or "loss"
             if metric not in out:
