@@ -8,9 +8,12 @@ What it reads (the convention for results folders; any depth under results/):
   throughput.csv                                  Tables 1/2 images/s, Tables 4/5 s/image (task=throughput)
   any CSV with a bits_per_dim column              Tables 1/2 bits/dim; rows name `dataset` (mnist,
                                                   cifar10) or carry it in `task`, and `attention`
-  any CSV with a per column (phoneme error, %)    Table 3; rows name `attention` (or `model`) and
-                                                  may carry seconds_per_epoch
-  rows carry `device` (the hardware) as every result row does.
+  any CSV with a PER column                       Table 3, one table per folder: `valid_per_%` /
+                                                  `per_%` (percent) or `per` (a fraction when <= 1);
+                                                  rows name `attention` (or `model`) and may carry
+                                                  seconds_per_epoch or s_per_epoch
+  rows carry `device` (the hardware) as every result row does (for Table 3, the run rows in a
+  .jsonl beside the CSV may carry it instead).
 The command that produced a folder: its `command.txt` (the exact command line, one or more
 lines), else the first `python ...` command in the README.md of the folder or of the nearest
 parent folder under results/. A paper table with no result of ours says "not yet run".
@@ -121,17 +124,22 @@ def figure1(root, rel) -> str:
                    f"Command: {code(command(folder, root))}")
         rows = []
         for att, points in paper.FIGURE1.items():
-            for n, (t, m) in points.items():
-                mine = ok[(ok.attention == att) & (ok.n == n)]
-                rows.append([att, n, t, mine.time_per_sample_ms.iloc[0] if len(mine) else "not measured",
-                             m, mine.mem_per_sample_mb.iloc[0] if len(mine) else "not measured"])
-        out.append(md_table(["attention", "N", "paper ms/sample", "our ms/sample", "paper MB/sample", "our MB/sample"],
-                            rows))
+            for ours in paper.FIGURE1_OURS.get(att, [att]):
+                if ours not in set(df.attention):
+                    continue  # not in this run at all
+                for n, (t, m) in points.items():
+                    mine = ok[(ok.attention == ours) & (ok.n == n)]
+                    rows.append([att, ours, n, t, mine.time_per_sample_ms.iloc[0] if len(mine) else "not measured",
+                                 m, mine.mem_per_sample_mb.iloc[0] if len(mine) else "not measured"])
+        if rows:
+            out.append(md_table(["paper's attention", "ours", "N", "paper ms/sample", "our ms/sample",
+                                 "paper MB/sample", "our MB/sample"], rows))
         summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
         slopes = []
         for att, s in summary.get("attentions", {}).items():
-            slopes.append([att, paper.FIGURE1_SLOPES.get(att), s.get("time_slope_all"), s.get("mem_slope_all"),
-                           paper.FIGURE1_LARGEST_N.get(att), s.get("largest_n"), s.get("first_failure", "")])
+            theirs = paper.FIGURE1_PAPER_NAME.get(att, att)
+            slopes.append([att, paper.FIGURE1_SLOPES.get(theirs), s.get("time_slope_all"), s.get("mem_slope_all"),
+                           paper.FIGURE1_LARGEST_N.get(theirs), s.get("largest_n"), s.get("first_failure", "")])
         if slopes:
             out.append("Slopes of log time and log memory against log N (paper: 1 for linear, 2 for softmax):\n\n" +
                        md_table(["attention", "paper slope", "our time slope", "our memory slope",
@@ -226,28 +234,46 @@ def tables_4_5(root, rel) -> str:
     return "\n\n".join(out)
 
 
+def _asr_device(df, folder) -> str:
+    """The device named by the table, else by the run rows beside it."""
+    if "device" in df:
+        return hardware(df)
+    for rows in sorted(folder.glob("*.jsonl")):
+        with open(rows) as f:
+            devices = {json.loads(line).get("device") for line in f if line.strip()} - {None}
+        if devices:
+            return "; ".join(sorted(devices))[:200]
+    return "not recorded"
+
+
 def table_3(root, rel) -> str:
     out = ["## Table 3: speech recognition (WSJ), phoneme error rate and seconds per epoch",
            f"Paper: WSJ 80 h, CTC over phonemes, {paper.ASR_HARDWARE}. Ours: the ASR task on the corpus its "
-           "folder names (see its command)."]
-    found = {}
+           "folder names (see its command); validation PER, as the paper reports."]
+    headers = ["model", "paper PER %", "our PER %", "paper s/epoch", "our s/epoch"]
+    tables = []
     for path in sorted(root.rglob("*.csv")):
         df = pd.read_csv(path)
-        col = next((c for c in ("per", "eval_per", "valid_per", "test_per") if c in df), None)
+        # a column named ..._% holds percentages; otherwise a fraction when <= 1
+        col = next((c for c in ("valid_per_%", "per_%", "per", "eval_per", "valid_per", "test_per_%", "test_per")
+                    if c in df), None)
         name_col = next((c for c in ("attention", "model") if c in df), None)
+        secs = next((c for c in ("seconds_per_epoch", "s_per_epoch") if c in df), None)
         if col is None or name_col is None:
             continue
+        found = {}
         for _, r in df.dropna(subset=[col]).iterrows():
-            per = float(r[col]) * (100 if float(r[col]) <= 1 else 1)  # a fraction or a percentage
+            per = float(r[col]) * (1 if col.endswith("%") or float(r[col]) > 1 else 100)
             found[str(r[name_col]).lower().replace("-lstm", "lstm").replace("_", "")] = (
-                per, r.get("seconds_per_epoch"), path.parent, str(r.get("device", "")))
-    rows = []
-    for name, (p_per, p_s) in paper.ASR.items():
-        m = found.get(name)
-        rows.append([name, p_per, m[0] if m else "not yet run", p_s, m[1] if m else None,
-                     m[3] if m else None, code(command(m[2], root)) if m else None])
-    return "\n\n".join(out + [md_table(["model", "paper PER %", "our PER %", "paper s/epoch", "our s/epoch",
-                                         "our hardware", "command"], rows)])
+                per, r.get(secs) if secs else None)
+        rows = [[name, p_per, found[name][0] if name in found else "not run here", p_s,
+                 found[name][1] if name in found else None] for name, (p_per, p_s) in paper.ASR.items()]
+        folder = path.parent
+        tables.append(f"### {folder.relative_to(root)}\n\nHardware: {_asr_device(df, folder)}  \n"
+                      f"Command: {code(command(folder, root))}\n\n" + md_table(headers, rows))
+    if not tables:
+        tables = [md_table(headers, [[name, p_per, "not yet run", p_s, None] for name, (p_per, p_s) in paper.ASR.items()])]
+    return "\n\n".join(out + tables)
 
 
 def others(root, rel, used) -> str:

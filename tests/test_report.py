@@ -25,9 +25,12 @@ def fake_results(root):
     pd.DataFrame([{"attention": "linear", "n": 4096, "status": "ok", "time_per_sample_ms": 7.25, "mem_per_sample_mb": 91.5,
                    "causal": True, "device": GPU},
                   {"attention": "softmax", "n": 4096, "status": "oom", "time_per_sample_ms": None,
-                   "mem_per_sample_mb": None, "causal": True, "device": GPU}]).to_csv(bench / "benchmark.csv", index=False)
-    (bench / "summary.json").write_text(json.dumps({"attentions": {"linear": {"time_slope_all": 1.04, "mem_slope_all": 0.98,
-                                                                              "largest_n": 65536}}}))
+                   "mem_per_sample_mb": None, "causal": True, "device": GPU},
+                  {"attention": "softmax-math", "n": 512, "status": "ok", "time_per_sample_ms": 3.5,
+                   "mem_per_sample_mb": 20.0, "causal": True, "device": GPU}]).to_csv(bench / "benchmark.csv", index=False)
+    (bench / "summary.json").write_text(json.dumps({"attentions": {
+        "linear": {"time_slope_all": 1.04, "mem_slope_all": 0.98, "largest_n": 65536},
+        "softmax-math": {"time_slope_all": 1.9, "mem_slope_all": 1.8, "largest_n": 4096}}}))
     (bench / "benchmark.png").write_bytes(b"\x89PNG fake")
     (bench / "command.txt").write_text("python run.py experiment=paper_benchmark \\\n  device=cuda\n")
     thr = root / "throughput" / "gpu"
@@ -49,6 +52,11 @@ def fake_results(root):
     pd.DataFrame([{"attention": "linear", "per": 0.2345, "seconds_per_epoch": 31.0, "device": CPU}]).to_csv(
         asr / "asr_final.csv", index=False)
     (asr / "README.md").write_text("Made by\n\n    python run.py task=asr attention=linear\n")
+    table = root / "asr_table"  # the ASR task's own table: percentages, model names, device in its rows
+    table.mkdir()
+    pd.DataFrame([{"model": "bilstm", "valid_per_%": 0.8, "s_per_epoch": 12.5}]).to_csv(table / "asr_table.csv", index=False)
+    (table / "asr_rows.jsonl").write_text(json.dumps({"task": "asr", "device": CPU}) + "\n")
+    (table / "command.txt").write_text("python run.py -m experiment=asr_table_cpu\n")
     (root / "kernels").mkdir()
     (root / "kernels" / "README.md").write_text("    python -m repro.kernels.bench\n")
 
@@ -58,9 +66,12 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     fake_results(root)
     main(["--results", str(root), "--out", str(tmp_path / "elsewhere" / "R.md")])
     md = (root / "REPORT.md").read_text()
-    assert row(md, "linear | 4096", "### fig1") == ["linear", "4096", "5", "7.25", "97", "91.5"]
-    assert row(md, "softmax | 4096", "### fig1")[3] == "not measured"  # its point ran out of memory
+    assert row(md, "linear | linear | 4096", "### fig1") == ["linear", "linear", "4096", "5", "7.25", "97", "91.5"]
+    assert row(md, "softmax | softmax | 4096", "### fig1")[4] == "not measured"  # its point ran out of memory
+    # the paper's softmax materialised the (N, N) matrix: our softmax-math is set beside it
+    assert row(md, "softmax | softmax-math | 512", "### fig1")[3:5] == ["1.4", "3.5"]
     assert row(md, "linear", "Slopes")[1:4] == ["1", "1.04", "0.98"]
+    assert row(md, "softmax-math", "Slopes")[1:3] == ["2", "1.9"]
     assert "Command: `python run.py experiment=paper_benchmark device=cuda`" in md and GPU in md
     assert "![Figure 1, fig1](fig1/benchmark.png)" in md
     t1 = row(md, "linear", "### Table 1: MNIST")
@@ -69,8 +80,10 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert row(md, "softmax", "### Table 1: MNIST")[2] == "not yet run"
     assert row(md, "linear", "### Table 4: MNIST")[3:5] == ["0.123", "GPU"]
     assert row(md, "softmax", "### Table 5: CIFAR-10")[1:5] == ["8,651", "300.1", "9,000 (extrapolated)", "CPU"]
-    assert row(md, "linear", "## Table 3")[1:5] == ["8.08", "23.45", "824", "31"]
-    assert row(md, "softmax", "## Table 3")[2] == "not yet run"
+    assert row(md, "linear", "### asr\n")[1:5] == ["8.08", "23.45", "824", "31"]
+    assert row(md, "softmax", "### asr\n")[2] == "not run here"
+    assert row(md, "bilstm", "### asr_table")[1:5] == ["10.94", "0.8", "1047", "12.5"]  # 0.8 %, not 80 %
+    assert f"Hardware: {CPU}" in md.split("### asr_table", 1)[1]
     assert "Figure 2: the copy task" in md and "not yet run" in md.split("## Figure 2", 1)[1].split("##", 1)[0]
     assert re.search(r"\[kernels\]\(kernels/README.md\): `python -m repro.kernels.bench`", md)
     other = (tmp_path / "elsewhere" / "R.md").read_text()
