@@ -1,7 +1,9 @@
 """task=asr: the generated corpus, real-corpus loaders, features, encoders, CTC decoding, PER."""
 import json
 
+import jiwer
 import numpy as np
+import pandas as pd
 import pytest
 import soundfile as sf
 import torch
@@ -239,6 +241,12 @@ def test_task_end_to_end_and_errors(compose_cfg, tmp_path):
         assert summary["kind"] == "summary" and summary["status"] == "ok" and summary["model"] == enc
         assert 0 <= summary["valid_per"] and 0 <= summary["test_per_beam"] and summary["time_per_epoch_s"] > 0
         assert any(r["kind"] == "eval" and "per" in r for r in rows) and {"git_sha", "device", "versions"} <= set(summary)
+        # hypotheses.csv: every decoded utterance beside its reference; pooled, they give the set's PER
+        hyps = pd.read_csv(out / "hypotheses.csv", keep_default_na=False)
+        valid = hyps[hyps.split == "valid"]
+        assert len(valid) == summary["valid_n_utts"] and set(hyps.split) == {"valid", "test"}
+        assert jiwer.wer(list(valid.reference), list(valid.greedy)) == pytest.approx(summary["valid_per"])
+        assert jiwer.wer(list(valid.reference), list(valid.beam)) == pytest.approx(summary["valid_per_beam"])
     tab = aggregate(rows, tmp_path)
     assert list(tab.model) == ["bilstm", "linear"] and (tmp_path / "asr_table.csv").is_file()
     for bad, match in [("task.source=wav", "valid: tts, librispeech, kaldi"), ("model.encoder=gru", "model.encoder='gru'")]:

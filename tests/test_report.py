@@ -41,6 +41,10 @@ def fake_results(root):
                    "extrapolated": False, "device": GPU},
                   {"size": "cifar", "method": "softmax", "batch": 1, "seconds_per_image": 9000.0, "images_per_s": 1 / 9000,
                    "extrapolated": True, "device": CPU}]).to_csv(thr / "throughput.csv", index=False)
+    later = root / "throughput" / "zz_later"  # a later, smaller run: batch 1 only, extrapolated
+    later.mkdir(parents=True)
+    pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.5, "images_per_s": 2.0,
+                   "extrapolated": True, "device": CPU}]).to_csv(later / "throughput.csv", index=False)
     (root / "throughput" / "README.md").write_text("# t\n\n- `gpu/`: `python run.py task=throughput device=cuda`\n")
     img = root / "images" / "mnist"
     img.mkdir(parents=True)
@@ -78,7 +82,7 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert t1[:5] == ["linear", "0.644", "0.71", "142.8", "80"] and CPU in t1[5] and GPU in t1[5]
     assert "task=mnist attention=linear" in t1[6] and "task=throughput device=cuda" in t1[6]
     assert row(md, "softmax", "### Table 1: MNIST")[2] == "not yet run"
-    assert row(md, "linear", "### Table 4: MNIST")[3:5] == ["0.123", "GPU"]
+    assert row(md, "linear", "### Table 4: MNIST")[3:5] == ["0.123", "GPU"]  # measured beats extrapolated
     assert row(md, "softmax", "### Table 5: CIFAR-10")[1:5] == ["8,651", "300.1", "9,000 (extrapolated)", "CPU"]
     assert row(md, "linear", "### asr\n")[1:5] == ["8.08", "23.45", "824", "31"]
     assert row(md, "softmax", "### asr\n")[2] == "not run here"

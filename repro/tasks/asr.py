@@ -65,15 +65,32 @@ def beam_decode(decoder, log_probs, lengths) -> list[list[int]]:
     return [[t for t in h[0].tokens.tolist() if 0 < t <= len(PHONEMES)] for h in hyps]
 
 
+def phoneme_string(ids) -> str:
+    return " ".join(PHONEMES[i - 1] for i in ids)
+
+
 def per(hypotheses, references) -> float:
     """Phoneme error rate: jiwer's word error rate over phoneme tokens (substitutions +
     deletions + insertions over reference phonemes)."""
-    refs = [" ".join(PHONEMES[i - 1] for i in r) for r in references]
-    hyps = [" ".join(PHONEMES[i - 1] for i in h) for h in hypotheses]
-    return float(jiwer.wer(refs, hyps))
+    return float(jiwer.wer([phoneme_string(r) for r in references], [phoneme_string(h) for h in hypotheses]))
 
 
-def decode_set(model, batches, device, decoder=None) -> dict:
+def hypothesis_rows(split, refs, greedy, beam=None) -> list[dict]:
+    """One row per utterance: the reference and the decoded phonemes with their own PER (for
+    hypotheses.csv, which wandb also receives as a table)."""
+    rows = []
+    for i, (r, g) in enumerate(zip(refs, greedy)):
+        row = {"split": split, "utterance": i, "reference": phoneme_string(r), "greedy": phoneme_string(g),
+               "per_greedy": per([g], [r]) if r else float("nan")}
+        if beam:
+            row.update(beam=phoneme_string(beam[i]), per_beam=per([beam[i]], [r]) if r else float("nan"))
+        rows.append(row)
+    return rows
+
+
+def decode_set(model, batches, device, decoder=None, keep=False) -> dict:
+    """PER of the set (greedy, and beam search with a decoder); keep=True also returns the
+    per-utterance rows under "utterances"."""
     greedy, beam, refs = [], [], []
     for batch in batches:
         batch = to_device(batch, device)
@@ -85,6 +102,8 @@ def decode_set(model, batches, device, decoder=None) -> dict:
     out = {"per": per(greedy, refs), "n_utts": len(refs)}
     if decoder is not None:
         out["per_beam"] = per(beam, refs)
+    if keep:
+        out["utterances"] = hypothesis_rows(None, refs, greedy, beam)
     return out
 
 
@@ -158,11 +177,15 @@ def run(cfg) -> float:
                "time_per_epoch_s": (final["time_per_step_ms"] or float("nan")) * len(data) / 1e3,
                "cpu_time_per_epoch_s": (final["cpu_time_per_step_ms"] or float("nan")) * len(data) / 1e3,
                "epochs": final["steps"] / len(data)}
+    utterances = []
     with torch.no_grad():
         for split, ds in [("valid", valid), ("test", test), ("real", real)]:
             if ds is not None and final["steps"]:
-                r = decode_set(model, eval_batches(ds, t.eval_batch_size), device, decoder)
+                r = decode_set(model, eval_batches(ds, t.eval_batch_size), device, decoder, keep=True)
+                utterances += [{**u, "split": split} for u in r.pop("utterances")]
                 summary.update({f"{split}_{k}": v for k, v in r.items()})
+    if utterances:  # hypotheses against references, per utterance (to wandb as a table with logger=wandb)
+        atomic_write(run_dir / "hypotheses.csv", pd.DataFrame(utterances).to_csv(index=False))
     rows = read_jsonl(run_dir / "results.jsonl")
     rows.append({**identity, "precision": cfg.trainer.precision, "kind": "summary", **summary, **provenance(device)})
     write_jsonl(run_dir / "results.jsonl", rows)
