@@ -1,5 +1,6 @@
 """Result rows on disk: every row carries where and how it was measured, and every file is
 written atomically (temporary file, then rename), so an interrupted run leaves no half file."""
+import io
 import json
 import os
 import platform
@@ -27,6 +28,23 @@ def atomic_write(path, data: str | bytes):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def save_figure(fig, path):
+    """A matplotlib figure as a PNG, written atomically."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    atomic_write(path, buf.getvalue())
+
+
+def output_dirs(rows, out_dir, raw_name: str) -> list[Path]:
+    """Where a task's aggregate goes: out_dir, and the `publish` folder (under the repository)
+    that the rows name, if any, with the raw rows written there as raw_name beside it."""
+    publish = next((r.get("publish") for r in rows if r.get("publish")), None)
+    if not publish:
+        return [Path(out_dir)]
+    write_jsonl(REPO / publish / raw_name, rows)
+    return [Path(out_dir), REPO / publish]
 
 
 def write_jsonl(path, rows):

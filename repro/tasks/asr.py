@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from ..config import ConfigError, building_from_config
 from ..data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, eval_batches, spec_augment
 from ..data.speech import BLANK, PHONEMES, CorpusSettings, generate, load_kaldi, load_librispeech, load_manifest, load_pocketsphinx
-from ..results import REPO, atomic_write, provenance, read_jsonl, write_jsonl
+from ..results import REPO, atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
 from ..training import fit, seed_everything
 from ..training.loop import parse_device, to_device
 from .copy import _attention_name
@@ -230,8 +230,6 @@ def _title(df) -> str:
 
 
 def plot(df, path):
-    import io
-
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -247,9 +245,7 @@ def plot(df, path):
     ax.legend(fontsize=8)
     fig.suptitle(_title(df), fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    atomic_write(path, buf.getvalue())
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -269,10 +265,7 @@ def aggregate(rows, out_dir) -> pd.DataFrame:
                  f"{tab.mean_frames.iloc[0]:.0f} frames ({tab.mean_frames.iloc[0] / sub:.0f} encoder positions after "
                  f"x{sub} subsampling); the paper: 3.3x at about 800 frames, on a GPU")
     print(text)
-    publish = next((r.get("publish") for r in rows if r.get("publish")), None)
-    for d in [Path(out_dir)] + ([REPO / publish] if publish else []):
-        if d != Path(out_dir):
-            write_jsonl(d / "asr_rows.jsonl", rows)
+    for d in output_dirs(rows, out_dir, "asr_rows.jsonl"):
         atomic_write(d / "asr_table.csv", tab.to_csv(index=False))
         atomic_write(d / "table.txt", text + "\n")
         if "per" in df and df.per.notna().any():  # a timing run (eval_every=0) has no curve

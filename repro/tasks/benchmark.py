@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from ..config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
 from ..logging import make_logger
-from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv, write_jsonl
+from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv, save_figure, write_jsonl
 from .benchmark_point import measure_safely
 
 FAILED = ("oom", "timeout", "error")
@@ -226,11 +226,8 @@ def _plot(df, path):
                  f"{first['device']}", fontsize=9)
     rows_of_legend = -(-len(labels) // 6)
     fig.tight_layout(rect=(0, 0.05 * rows_of_legend, 1, 1))
-    import io
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
-    atomic_write(path, buf.getvalue())
 
 
 def table(df) -> str:

@@ -7,7 +7,6 @@ figure), or over task.max_len (the length sweep), ends in aggregate(): loss agai
 steps per attention (mean over seeds, band from min to max), final accuracy and time per
 step per attention against N, as CSVs, plots and a table.
 """
-import io
 import itertools
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from omegaconf import OmegaConf
 from ..config import ConfigError, compose_group, group_options
 from ..data import CopyTask
 from ..models import AutoregressiveTransformer
-from ..results import REPO, atomic_write, read_jsonl, write_jsonl
+from ..results import atomic_write, output_dirs, read_jsonl, save_figure
 from ..training import fit, seed_everything
 from ..training.distributed import is_main
 
@@ -125,12 +124,6 @@ def finals(df) -> pd.DataFrame:
     return out
 
 
-def _savefig(fig, path):
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    atomic_write(path, buf.getvalue())
-
-
 def _title(df) -> str:
     r = df.iloc[0]
     label = f"{r['label']} | " if r.get("label") else ""
@@ -162,7 +155,7 @@ def plot_curves(c, df, path):
         row[0].legend(fontsize=8)
     fig.suptitle(_title(df) + "\nline: mean over seeds; band: min to max over seeds", fontsize=8)
     fig.tight_layout()
-    _savefig(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -188,7 +181,7 @@ def plot_lengths(f, df, path):
         ax.legend(fontsize=8)
     fig.suptitle(_title(df), fontsize=8)
     fig.tight_layout()
-    _savefig(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -200,10 +193,7 @@ def aggregate(rows, out_dir) -> pd.DataFrame:
     c, f = curves(df), finals(df)
     text = f"{_title(df)}\n\n" + f.to_string(index=False, float_format=lambda v: f"{v:.4g}")
     print(text)
-    publish = next((r.get("publish") for r in rows if r.get("publish")), None)
-    for d in [Path(out_dir)] + ([REPO / publish] if publish else []):
-        if d != Path(out_dir):  # the raw rows travel with the published aggregate
-            write_jsonl(d / "copy_rows.jsonl", rows)
+    for d in output_dirs(rows, out_dir, "copy_rows.jsonl"):
         atomic_write(d / "copy_curves.csv", c.to_csv(index=False))
         atomic_write(d / "copy_final.csv", f.to_csv(index=False))
         atomic_write(d / "table.txt", text + "\n")

@@ -31,9 +31,9 @@ from ..data.images import Images, load_images, resize
 from ..models import logistic_mixture as dmol
 from ..models.generate import generate
 from ..models.pixels import PixelTransformer, to_images, to_sequence
-from ..results import REPO, atomic_write, provenance, read_jsonl, write_jsonl
+from ..results import atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
 from ..training import fit, load_checkpoint, seed_everything
-from .copy import _attention_name, _savefig
+from .copy import _attention_name
 
 MODES = ("train", "sample")
 # The paper's Table 1 and 2 (bits/dim on the test set).
@@ -237,7 +237,7 @@ def plot_curves(c, df, path):
     ax.set_title(f"{label}{r.dataset} {tuple(r.image_shape)} from {r.data_source}\n{r.n_layers} layers, d_model "
                  f"{r.d_model}, {r.n_heads} heads, batch {r.batch_size}, {r.precision}, {r.device}", fontsize=7)
     fig.tight_layout()
-    _savefig(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -248,10 +248,7 @@ def aggregate(rows, out_dir) -> pd.DataFrame:
     c, f = curves(df), finals(df)
     text = f.to_string(index=False, float_format=lambda v: f"{v:.4g}")
     print(text)
-    publish = next((r.get("publish") for r in rows if r.get("publish")), None)
-    for d in [Path(out_dir)] + ([REPO / publish] if publish else []):
-        if d != Path(out_dir):
-            write_jsonl(d / "image_rows.jsonl", rows)
+    for d in output_dirs(rows, out_dir, "image_rows.jsonl"):
         atomic_write(d / "bpd_curves.csv", c.to_csv(index=False))
         atomic_write(d / "bpd_final.csv", f.to_csv(index=False))
         atomic_write(d / "table.txt", text + "\n")
