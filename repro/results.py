@@ -31,9 +31,12 @@ def atomic_write(path, data: str | bytes):
 
 
 def save_figure(fig, path):
-    """A matplotlib figure as a PNG, written atomically."""
+    """A matplotlib figure as a PNG, written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
     atomic_write(path, buf.getvalue())
 
 

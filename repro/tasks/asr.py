@@ -246,7 +246,6 @@ def plot(df, path):
     fig.suptitle(_title(df), fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def aggregate(rows, out_dir) -> pd.DataFrame:

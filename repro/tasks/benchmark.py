@@ -227,7 +227,6 @@ def _plot(df, path):
     rows_of_legend = -(-len(labels) // 6)
     fig.tight_layout(rect=(0, 0.05 * rows_of_legend, 1, 1))
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def table(df) -> str:

@@ -156,7 +156,6 @@ def plot_curves(c, df, path):
     fig.suptitle(_title(df) + "\nline: mean over seeds; band: min to max over seeds", fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def plot_lengths(f, df, path):
@@ -182,7 +181,6 @@ def plot_lengths(f, df, path):
     fig.suptitle(_title(df), fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def aggregate(rows, out_dir) -> pd.DataFrame:

@@ -238,7 +238,6 @@ def plot_curves(c, df, path):
                  f"{r.d_model}, {r.n_heads} heads, batch {r.batch_size}, {r.precision}, {r.device}", fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def aggregate(rows, out_dir) -> pd.DataFrame:
