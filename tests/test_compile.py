@@ -51,3 +51,17 @@ def test_compiled_step_generates_the_same_tokens():
     ref = generate(model, prefix, 6, lambda y: y.argmax(-1))
     compile_step(model, backend="eager")
     assert torch.equal(generate(model, prefix, 6, lambda y: y.argmax(-1)), ref)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_generation_step_traces_as_one_graph(norm_first):
+    """The whole step (embedding, every layer, head) is one graph with no break: a break splits
+    it into graphs with Python between them, the per-token overhead compiling is meant to remove
+    (the fused q/k/v weight cache, keyed on data pointers, used to cause one per layer)."""
+    import torch._dynamo
+    model = AutoregressiveTransformer(partial(LinearAttention), 11, n_layers=2, d_model=16, n_heads=2, d_ff=16,
+                                      norm_first=norm_first).eval()
+    tokens = torch.randint(0, 11, (3,))
+    _, state = model.step(tokens)  # the steady-state step, with a state to update
+    explained = torch._dynamo.explain(type(model).step.__get__(model))(tokens, state)
+    assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons

@@ -110,12 +110,42 @@ def test_throughput_task_runs_and_labels_extrapolation(compose_cfg, tmp_path):
     from repro.results import read_jsonl
     from repro.tasks import throughput
     cfg = compose_cfg("task=throughput", "model=tiny", "task.sizes=[mnist]", "task.batches=[2]",
-                      "task.time_budget_s=0.3", "task.probes=3", f"+run_dir={tmp_path}")
+                      "task.time_budget_s=0.3", "task.probes=3", "task.methods.linear-compiled.compile=eager",
+                      f"+run_dir={tmp_path}")
     throughput.run(cfg)
     rows = {r["method"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
-    assert set(rows) == {"linear", "stateful-softmax", "softmax", "lsh-1", "lsh-4"}
+    assert set(rows) == {"linear", "linear-compiled", "stateful-softmax", "softmax", "lsh-1", "lsh-4", "matvec-floor"}
     assert rows["lsh-4"]["mode"] == "rerun" and rows["lsh-4"]["attention_settings"] == {"chunk_size": 29}
+    assert rows["linear-compiled"]["compile"] == "eager" and rows["linear-compiled"]["compile_s"] > 0
     for r in rows.values():
         assert r["status"] == "ok" and r["seconds"] > 0 and r["images_per_s"] == pytest.approx(2 / r["seconds"])
-        assert r["extrapolated"] == (r["positions_measured"] < 783)
-    assert "speed-up vs softmax" in (tmp_path / "throughput.txt").read_text()
+        assert r["extrapolated"] == (r["positions_measured"] < 783) or r["mode"] == "floor"
+    text = (tmp_path / "throughput.txt").read_text()
+    assert "speed-up vs softmax" in text and "x floor @2" in text and "weights GB/s @2" in text
+
+
+def test_matvec_floor_reads_every_weight_matrix_once():
+    """The floor's matrices are exactly the step's: every Linear of the model (q, k, v fused),
+    each once, so their bytes are the model's weights less the embedding and norms."""
+    from repro.tasks.throughput import _matrices
+    model = _model("linear", dtype=torch.float32)
+    mats = _matrices(model)
+    assert len(mats) == 4 * 3 + 1
+    linear_bytes = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert sum(w.numel() * 4 for _, w in mats) == linear_bytes
+    x = torch.randn(2, 32)
+    a = model.encoder.layers[0].attention
+    b, w = mats[0]
+    torch.testing.assert_close(torch.addmm(b, x, w), torch.cat([a.q_proj(x), a.k_proj(x), a.v_proj(x)], -1))
+
+
+def test_throughput_compile_settings_fail_in_one_line(compose_cfg, tmp_path):
+    from repro.config import ConfigError
+    from repro.tasks import throughput
+    base = ("task=throughput", "model=tiny", "task.sizes=[mnist]", f"+run_dir={tmp_path}")
+    with pytest.raises(ConfigError, match="task.methods.linear-compiled.compile='nope'; valid: .*inductor"):
+        throughput.run(compose_cfg(*base, "task.methods.linear-compiled.compile=nope"))
+    with pytest.raises(ConfigError, match="task.methods.softmax.compile='eager': only a recurrent step"):
+        throughput.run(compose_cfg(*base, "+task.methods.softmax.compile=eager"))
+    with pytest.raises(ConfigError, match="mode='nope'; valid: recurrent, rerun, floor"):
+        throughput.run(compose_cfg(*base, "task.methods.linear.mode=nope"))

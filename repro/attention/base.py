@@ -62,7 +62,9 @@ class AttentionLayer(nn.Module):
                                       f"generate with it by re-running the prefix")
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"{type(self).__name__}.step: x must be (B, d_model={self.d_model}); got {tuple(x.shape)}")
-        if torch.is_grad_enabled():  # training through the step: plain modules, autograd as usual
+        # Training through the step (autograd as usual), or traced by torch.compile (the fused
+        # weight cache below is keyed on data pointers, which dynamo cannot trace): plain modules.
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
             q = self.q_proj(x).unflatten(-1, (self.n_heads, self.d_keys))  # (B, H, D)
             k = self.k_proj(x).unflatten(-1, (self.n_heads, self.d_keys))
             v = self.v_proj(x).unflatten(-1, (self.n_heads, self.d_values))

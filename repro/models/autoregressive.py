@@ -45,10 +45,12 @@ class AutoregressiveTransformer(nn.Module):
         return self.head(x), GenerationState(state.position + 1, layers)
 
     def _position(self, i, device):
-        """Row i of a table of position encodings, grown by doubling (no length limit)."""
+        """Row i of a table of position encodings, grown by doubling (no length limit). It starts
+        long enough for a CIFAR-10 image (3072 values), so a compiled step is not recompiled
+        for a bigger table in the middle of one."""
         table = getattr(self, "_pe", None)
         dtype = self.embed.weight.dtype
         if table is None or table.shape[0] <= i or table.device != device or table.dtype != dtype:
-            n = max(1024, 2 * i + 2)
+            n = max(4096, 2 * i + 2)
             self._pe = table = sinusoid(torch.arange(n, device=device), self.d_model).to(dtype)
         return table[i]

@@ -8,6 +8,13 @@ A generation that would take longer than task.time_budget_s is stopped and its t
 extrapolated, and its row says so: recurrent steps from a linear fit of step time against
 position; re-run steps by timing the forward pass at probe positions over the rest of the
 image and integrating.
+
+Two more kinds of row put the numbers in context. A method with `compile: <backend>` samples
+through a torch.compile'd step (compiled before timing, on a short warm-up generation; the
+compile time is its own column). Mode `floor` runs no model: it times the matrix products of
+one step alone (every weight matrix read once, as every generated token must) and multiplies by
+the image's length, the floor under any step at batch 1, where reading the weights from memory
+is the cost.
 """
 import os
 import time
@@ -24,6 +31,9 @@ from ..models import logistic_mixture as dmol
 from ..models.generate import MODES, generate
 from ..models.pixels import IMAGE_SHAPES, PixelTransformer
 from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
+from ..training.loop import compile_step
+
+TASK_MODES = MODES + ("floor",)
 
 LAYERS = {"mnist": 8, "cifar": 16}  # the paper's depths; the layer itself comes from `model`
 # The paper's seconds per image at batch 1 on a CPU (supplementary), for the table.
@@ -89,6 +99,58 @@ def _time_generation(model, length, batch, mode, budget, device, probes):
     return total, done, True, cpu * total / float(per_step.sum())
 
 
+def _matrices(model):
+    """(bias, weight^T) of every matrix product in one generation step, in the step's order."""
+    mats = []
+    for layer in model.encoder.layers:
+        a = layer.attention
+        mats += [a._fused_qkv()[::-1], (a.out_proj.bias, a.out_proj.weight.t()),
+                 (layer.linear1.bias, layer.linear1.weight.t()), (layer.linear2.bias, layer.linear2.weight.t())]
+    return mats + [(model.head.bias, model.head.weight.t())]
+
+
+@torch.no_grad()
+def _time_floor(model, length, batch, device, steps=200):
+    """(total seconds, steps timed, False, process CPU seconds, GB/s) of the matrix products of
+    length - 1 steps, timed over `steps` of them: the step's cost with nothing but its weights
+    read (batch rows at a time)."""
+    mats = _matrices(model)
+    xs = {w.shape[0]: torch.randn(batch, w.shape[0], device=device, dtype=w.dtype) for _, w in mats}
+
+    def one_step():
+        for b, w in mats:
+            torch.addmm(b, xs[w.shape[0]], w)
+
+    for _ in range(10):
+        one_step()
+    _sync(device)
+    began, cpu_began = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        one_step()
+    _sync(device)
+    per_step, cpu_per_step = (time.perf_counter() - began) / steps, (time.process_time() - cpu_began) / steps
+    gbps = sum(w.numel() * w.element_size() for _, w in mats) / per_step / 1e9
+    return per_step * (length - 1), steps, False, cpu_per_step * (length - 1), gbps
+
+
+def _compile(model, backend, length, batch, device):
+    """Compile the model's step in place and warm it up (two short generations: the first step,
+    which builds the state, and the steady-state step each get a graph). Returns the seconds
+    spent."""
+    began = time.perf_counter()
+    compile_step(model, backend)
+    first = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    for _ in range(2):
+        generate(model, first, min(length, 4), lambda y: dmol.sample(y))
+    _sync(device)
+    return time.perf_counter() - began
+
+
+def _backends():
+    import torch._dynamo
+    return sorted(torch._dynamo.list_backends(exclude_tags=()))
+
+
 def run(cfg) -> float:
     t = cfg.task
     device, dtype = parse_device(cfg.device), parse_dtype(t.dtype)
@@ -97,15 +159,22 @@ def run(cfg) -> float:
         raise ConfigError(f"task.sizes: unknown {unknown}; valid: {', '.join(LAYERS)}")
     methods = {}
     for label, m in t.methods.items():
-        if m.mode not in MODES:
-            raise ConfigError(f"task.methods.{label}.mode={m.mode!r}; valid: {', '.join(MODES)}")
-        methods[label] = (m.attention, m.mode, compose_group("attention", m.attention), m.get("settings") or {})
+        if m.mode not in TASK_MODES:
+            raise ConfigError(f"task.methods.{label}.mode={m.mode!r}; valid: {', '.join(TASK_MODES)}")
+        backend = m.get("compile")
+        if backend and m.mode != "recurrent":
+            raise ConfigError(f"task.methods.{label}.compile={backend!r}: only a recurrent step is compiled; "
+                              f"mode is {m.mode!r}")
+        if backend and backend not in _backends():
+            raise ConfigError(f"task.methods.{label}.compile={backend!r}; valid: {', '.join(_backends())}")
+        methods[label] = (m.attention, m.mode, compose_group("attention", m.attention), m.get("settings") or {},
+                          backend)
     if t.get("threads"):
         torch.set_num_threads(int(t.threads))
     out, meta, rows = run_dir(cfg), provenance(device), []
     jobs = [(s, label, b) for s in t.sizes for label in methods for b in t.batches]
     for size, label, batch in tqdm(jobs, desc="throughput", unit="run"):
-        att_name, mode, att_cfg, settings = methods[label]
+        att_name, mode, att_cfg, settings, backend = methods[label]
         att_cfg = att_cfg.copy()
         chosen = {key: value[size] if OmegaConf.is_dict(value) else value  # per size: {mnist: 29, ...}
                   for key, value in settings.items()}
@@ -120,10 +189,14 @@ def run(cfg) -> float:
         model = model.to(device=device, dtype=dtype).eval()
         length = int(np.prod(IMAGE_SHAPES[size]))
         try:
+            extra = {"compile": backend, "compile_s": _compile(model, backend, length, batch, device)} if backend else {}
             load = os.getloadavg()[0]
-            total, measured, extrapolated, cpu = _time_generation(model, length, batch, mode, t.time_budget_s,
-                                                                  device, t.probes)
-            result = {"status": "ok", "seconds": total, "seconds_per_image": total / batch,
+            if mode == "floor":
+                total, measured, extrapolated, cpu, extra["weights_gb_per_s"] = _time_floor(model, length, batch, device)
+            else:
+                total, measured, extrapolated, cpu = _time_generation(model, length, batch, mode, t.time_budget_s,
+                                                                      device, t.probes)
+            result = {"status": "ok", **extra, "seconds": total, "seconds_per_image": total / batch,
                       "images_per_s": batch / total, "cpu_seconds_per_image": cpu / batch,
                       "positions_measured": measured, "extrapolated": extrapolated,
                       "loadavg_1min_start": load, "loadavg_1min_end": os.getloadavg()[0]}
@@ -152,13 +225,21 @@ def aggregate(rows, out_dir, publish=None) -> float:
                 if device_is_cpu and r.cpu_seconds_per_image == r.cpu_seconds_per_image:  # not NaN
                     row[f"CPU-time s/image @{r.batch}"] = f"{r.cpu_seconds_per_image:.3g}"
             b1 = m[m.batch == m.batch.min()].seconds_per_image.iloc[0]
-            for ref in ("softmax", "stateful-softmax"):
-                base = g[(g.method == ref) & (g.batch == m.batch.min())]
-                if len(base) and method != ref:
-                    row[f"speed-up vs {ref}"] = f"{base.seconds_per_image.iloc[0] / b1:.3g}x"
-                    if device_is_cpu:  # the same ratio in CPU time (robust to a shared machine's load)
-                        c1 = m[m.batch == m.batch.min()].cpu_seconds_per_image.iloc[0]
-                        row[f"CPU-time speed-up vs {ref}"] = f"{base.cpu_seconds_per_image.iloc[0] / c1:.3g}x"
+            if (m["mode"] == "floor").all():
+                row[f"weights GB/s @{m.batch.min()}"] = f"{m.sort_values('batch').weights_gb_per_s.iloc[0]:.3g}"
+            else:
+                for ref in ("softmax", "stateful-softmax"):
+                    base = g[(g.method == ref) & (g.batch == m.batch.min())]
+                    if len(base) and method != ref:
+                        row[f"speed-up vs {ref}"] = f"{base.seconds_per_image.iloc[0] / b1:.3g}x"
+                        if device_is_cpu:  # the same ratio in CPU time (robust to a shared machine's load)
+                            c1 = m[m.batch == m.batch.min()].cpu_seconds_per_image.iloc[0]
+                            row[f"CPU-time speed-up vs {ref}"] = f"{base.cpu_seconds_per_image.iloc[0] / c1:.3g}x"
+                floor = g[(g["mode"] == "floor") & (g.batch == m.batch.min())]
+                if len(floor):  # how far above the cost of reading the weights
+                    row[f"x floor @{m.batch.min()}"] = f"{b1 / floor.seconds_per_image.iloc[0]:.3g}"
+                if "compile" in m and isinstance(m["compile"].iloc[0], str):
+                    row["compile s"] = f"{m.compile_s.max():.3g}"
             row["paper CPU s/image @1"] = PAPER_CPU_S[size].get(method, "")
             table.append(row)
         lines += [f"{size} ({int(g.length.iloc[0])} values, {int(g.n_layers.iloc[0])} layers, "
