@@ -125,8 +125,9 @@ def compile_model(module, backend: str = "inductor", **kwargs):
 
 def compile_step(model, backend: str = "inductor"):
     """Compile a model's recurrent `step` in place (repro.models.generate then samples through
-    the compiled step). dynamic=True: the key/value cache of softmax grows every token, and one
-    graph with a symbolic length beats a recompilation per length. The tokens are made contiguous
+    the compiled step). dynamic=True keeps the position symbolic, so linear attention's step
+    is one graph for every position (the key/value cache of softmax still recompiles per
+    position: dynamo specializes the index it writes at). The tokens are made contiguous
     first: generation passes a column of its (B, length) buffer, whose stride would otherwise be
     a guard, and a generation of another length a recompilation. Returns the model."""
     compiled = torch.compile(type(model).step.__get__(model), backend=backend, dynamic=True)
