@@ -65,3 +65,21 @@ def test_generation_step_traces_as_one_graph(norm_first):
     _, state = model.step(tokens)  # the steady-state step, with a state to update
     explained = torch._dynamo.explain(type(model).step.__get__(model))(tokens, state)
     assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons
+
+
+@pytest.mark.parametrize("name", ["linear", "softmax"])
+def test_compiled_step_is_not_recompiled_per_position(name):
+    """Sampling 20 tokens through the compiled step compiles two graphs (the first step, which
+    builds the state, and every later one), not one per position: the softmax cache's write
+    position used to be specialized."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from repro.attention import SoftmaxAttention
+    att = partial(LinearAttention) if name == "linear" else partial(SoftmaxAttention, initial_cache=32)
+    model = AutoregressiveTransformer(att, 11, n_layers=2, d_model=16, n_heads=2, d_ff=16).eval()
+    ref = generate(model, torch.zeros(2, 1, dtype=torch.long), 20, lambda y: y.argmax(-1))
+    torch._dynamo.reset()
+    counters.clear()
+    compile_step(model, backend="eager")
+    assert torch.equal(generate(model, torch.zeros(2, 1, dtype=torch.long), 20, lambda y: y.argmax(-1)), ref)
+    assert counters["stats"]["unique_graphs"] <= 2

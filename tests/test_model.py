@@ -111,10 +111,12 @@ def test_throughput_task_runs_and_labels_extrapolation(compose_cfg, tmp_path):
     from repro.tasks import throughput
     cfg = compose_cfg("task=throughput", "model=tiny", "task.sizes=[mnist]", "task.batches=[2]",
                       "task.time_budget_s=0.3", "task.probes=3", "task.methods.linear-compiled.compile=eager",
+                      "task.methods.stateful-softmax-compiled.compile=eager",
                       f"+run_dir={tmp_path}")
     throughput.run(cfg)
     rows = {r["method"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
-    assert set(rows) == {"linear", "linear-compiled", "stateful-softmax", "softmax", "lsh-1", "lsh-4", "matvec-floor"}
+    assert set(rows) == {"linear", "linear-compiled", "stateful-softmax", "stateful-softmax-compiled", "softmax",
+                         "lsh-1", "lsh-4", "matvec-floor"}
     assert rows["lsh-4"]["mode"] == "rerun" and rows["lsh-4"]["attention_settings"] == {"chunk_size": 29}
     assert rows["linear-compiled"]["compile"] == "eager" and rows["linear-compiled"]["compile_s"] > 0
     for r in rows.values():

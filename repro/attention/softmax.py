@@ -61,10 +61,12 @@ class SoftmaxAttention(AttentionLayer):
         elif state.length == state.k.shape[2]:  # full: double, so appends cost O(1) amortised
             state = KVCache(torch.cat([state.k, torch.empty_like(state.k)], 2),
                             torch.cat([state.v, torch.empty_like(state.v)], 2), state.length)
-        state.k[:, :, state.length] = k
-        state.v[:, :, state.length] = v
-        state.length += 1
+        # narrow rather than an int index: torch.compile keeps a narrow's start symbolic but
+        # specializes an index, which would recompile the step at every position.
         n = state.length
+        state.k.narrow(2, n, 1).copy_(k[:, :, None])
+        state.v.narrow(2, n, 1).copy_(v[:, :, None])
+        state.length = n = n + 1
         with self._kernel():
-            y = F.scaled_dot_product_attention(q[:, :, None], state.k[:, :, :n], state.v[:, :, :n])
+            y = F.scaled_dot_product_attention(q[:, :, None], state.k.narrow(2, 0, n), state.v.narrow(2, 0, n))
         return y[:, :, 0], state
