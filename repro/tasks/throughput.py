@@ -16,6 +16,7 @@ one step alone (every weight matrix read once, as every generated token must) an
 the image's length, the floor under any step at batch 1, where reading the weights from memory
 is the cost.
 """
+import contextlib
 import os
 import time
 
@@ -137,6 +138,10 @@ def _compile(model, backend, length, batch, device):
     """Compile the model's step in place and warm it up (two short generations: the first step,
     which builds the state, and the steady-state step each get a graph). Returns the seconds
     spent."""
+    import torch._dynamo
+    # Every model's step shares one code object, and dynamo's per-code cache limit would send a
+    # later method back to eager, silently, after earlier methods and sizes filled it.
+    torch._dynamo.reset()
     began = time.perf_counter()
     compile_step(model, backend)
     first = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -194,8 +199,10 @@ def run(cfg) -> float:
             if mode == "floor":
                 total, measured, extrapolated, cpu, extra["weights_gb_per_s"] = _time_floor(model, length, batch, device)
             else:
-                total, measured, extrapolated, cpu = _time_generation(model, length, batch, mode, t.time_budget_s,
-                                                                      device, t.probes)
+                # a compiled step must not recompile (or fall back to eager) while it is timed
+                with torch.compiler.set_stance("fail_on_recompile") if backend else contextlib.nullcontext():
+                    total, measured, extrapolated, cpu = _time_generation(model, length, batch, mode, t.time_budget_s,
+                                                                          device, t.probes)
             result = {"status": "ok", **extra, "seconds": total, "seconds_per_image": total / batch,
                       "images_per_s": batch / total, "cpu_seconds_per_image": cpu / batch,
                       "positions_measured": measured, "extrapolated": extrapolated,
