@@ -125,9 +125,9 @@ def compile_model(module, backend: str = "inductor", **kwargs):
 
 def compile_step(model, backend: str = "inductor"):
     """Compile a model's recurrent `step` in place (repro.models.generate then samples through
-    the compiled step). dynamic=True keeps the position symbolic, so linear attention's step
-    is one graph for every position (the key/value cache of softmax still recompiles per
-    position: dynamo specializes the index it writes at). The tokens are made contiguous
+    the compiled step). dynamic=True keeps the position symbolic, so the step is one graph for
+    every position (softmax's key/value cache compiles again each time it doubles: give it room
+    for the whole sequence with its initial_cache). The tokens are made contiguous
     first: generation passes a column of its (B, length) buffer, whose stride would otherwise be
     a guard, and a generation of another length a recompilation. Returns the model."""
     compiled = torch.compile(type(model).step.__get__(model), backend=backend, dynamic=True)
