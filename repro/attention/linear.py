@@ -50,7 +50,10 @@ class LinearAttention(AttentionLayer):
         self.eps = eps
 
     def attend(self, q, k, v, causal, key_padding_mask):
-        q, k = self.feature_map(q), self.feature_map(k)  # (B, H, N, F)
+        # Contiguous first: q and k are (B, N, H, D) projections seen as (B, H, N, D), and on
+        # such a layout torch's meta function for elu's backward predicts other strides than
+        # its CPU kernel returns, which breaks compiled (AOTAutograd) backward graphs.
+        q, k = self.feature_map(q.contiguous()), self.feature_map(k.contiguous())  # (B, H, N, F)
         if key_padding_mask is not None:
             k = k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
         acc = _acc(q.dtype)
