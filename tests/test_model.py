@@ -151,3 +151,31 @@ def test_throughput_compile_settings_fail_in_one_line(compose_cfg, tmp_path):
         throughput.run(compose_cfg(*base, "+task.methods.softmax.compile=eager"))
     with pytest.raises(ConfigError, match="mode='nope'; valid: recurrent, rerun, floor"):
         throughput.run(compose_cfg(*base, "task.methods.linear.mode=nope"))
+
+
+def test_throughput_failed_compile_is_an_error_row(compose_cfg, tmp_path):
+    """A backend that cannot compile (inductor without a C++ compiler, say) leaves that row an
+    error with its reason, and the other rows are still measured and tabled."""
+    from torch._dynamo import list_backends
+    from torch._dynamo.backends.registry import register_backend
+    from repro.results import read_jsonl
+    from repro.tasks import throughput
+
+    if "repro_test_failing" not in list_backends(exclude_tags=()):
+        @register_backend(name="repro_test_failing")
+        def _failing(gm, example_inputs):
+            raise RuntimeError("no C++ compiler here")
+
+    cfg = compose_cfg("task=throughput", "model=tiny", "task.sizes=[mnist]", "task.batches=[1]",
+                      "task.time_budget_s=0.2", "task.methods.linear-compiled.compile=repro_test_failing",
+                      *(f"~task.methods.{m}" for m in ("stateful-softmax", "stateful-softmax-compiled", "softmax",
+                                                        "lsh-1", "lsh-4", "matvec-floor")),
+                      f"+run_dir={tmp_path}")
+    throughput.run(cfg)
+    rows = {r["method"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
+    assert rows["linear"]["status"] == "ok"
+    assert rows["linear-compiled"]["status"] == "error"
+    assert rows["linear-compiled"]["reason"].startswith("compile=repro_test_failing: ")
+    assert "no C++ compiler here" in rows["linear-compiled"]["reason"]
+    assert "linear-compiled (mnist, batch 1): not measured: compile=repro_test_failing: RuntimeError: no C++" in (
+        tmp_path / "throughput.txt").read_text()

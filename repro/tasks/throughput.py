@@ -23,6 +23,7 @@ import time
 import numpy as np
 import pandas as pd
 import torch
+import torch._dynamo
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -138,7 +139,6 @@ def _compile(model, backend, length, batch, device):
     """Compile the model's step in place and warm it up (two short generations: the first step,
     which builds the state, and the steady-state step each get a graph). Returns the seconds
     spent."""
-    import torch._dynamo
     # Every model's step shares one code object, and dynamo's per-code cache limit would send a
     # later method back to eager, silently, after earlier methods and sizes filled it.
     torch._dynamo.reset()
@@ -152,7 +152,6 @@ def _compile(model, backend, length, batch, device):
 
 
 def _backends():
-    import torch._dynamo
     return sorted(torch._dynamo.list_backends(exclude_tags=()))
 
 
@@ -209,6 +208,9 @@ def run(cfg) -> float:
                       "loadavg_1min_start": load, "loadavg_1min_end": os.getloadavg()[0]}
         except NotImplementedError as err:  # no recurrent form
             result = {"status": "error", "reason": str(err)}
+        except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor without a C++ compiler
+            cause = getattr(err, "inner_exception", err)
+            result = {"status": "error", "reason": f"compile={backend}: {type(cause).__name__}: {cause}".splitlines()[0]}
         rows.append({"task": "throughput", "size": size, "method": label, "attention": att_name, "mode": mode,
                      "attention_settings": chosen, "batch": batch, "length": length, "n_layers": LAYERS[size], "dtype": t.dtype,
                      "device_type": device.type,
@@ -253,6 +255,8 @@ def aggregate(rows, out_dir, publish=None) -> float:
             table.append(row)
         lines += [f"{size} ({int(g.length.iloc[0])} values, {int(g.n_layers.iloc[0])} layers, "
                   f"{g.dtype.iloc[0]}, {g.device.iloc[0]})", pd.DataFrame(table).fillna("").to_string(index=False), ""]
+    lines += [f"{r['method']} ({r['size']}, batch {r['batch']}): not measured: {r['reason']}"
+              for r in rows if r["status"] != "ok"]
     text = "\n".join(lines)
     print(text)
     for d in [out_dir] + ([REPO / publish] if publish else []):
