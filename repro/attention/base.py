@@ -63,22 +63,19 @@ class AttentionLayer(nn.Module):
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"{type(self).__name__}.step: x must be (B, d_model={self.d_model}); got {tuple(x.shape)}")
         # Training through the step (autograd as usual), or traced by torch.compile (the fused
-        # weight cache below is keyed on data pointers, which dynamo cannot trace): plain modules.
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
-            q = self.q_proj(x).unflatten(-1, (self.n_heads, self.d_keys))  # (B, H, D)
-            k = self.k_proj(x).unflatten(-1, (self.n_heads, self.d_keys))
-            v = self.v_proj(x).unflatten(-1, (self.n_heads, self.d_values))
-            y, state = self.attend_step(q, k, v, state)  # (B, H, M)
-            return self.out_proj(y.flatten(-2)), state
-        # Generation: one matmul for q, k and v. Per-token cost is mostly per-op overhead here,
+        # weight cache is keyed on data pointers, which dynamo cannot trace): plain modules.
+        # Generation: one matmul for q, k and v; per-token cost is mostly per-op overhead there,
         # and addmm on a transposed weight is also a faster kernel than F.linear at batch 1.
-        w, b = self._fused_qkv()
-        hd, hm = self.n_heads * self.d_keys, self.n_heads * self.d_values
-        q, k, v = torch.addmm(b, x, w).split([hd, hd, hm], -1)  # (B, 2 H D + H M)
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            w, b = self._fused_qkv()
+            hd, hm = self.n_heads * self.d_keys, self.n_heads * self.d_values
+            q, k, v = torch.addmm(b, x, w).split([hd, hd, hm], -1)  # (B, 2 H D + H M)
         y, state = self.attend_step(q.unflatten(-1, (self.n_heads, self.d_keys)),
                                     k.unflatten(-1, (self.n_heads, self.d_keys)),
                                     v.unflatten(-1, (self.n_heads, self.d_values)), state)  # (B, H, M)
-        return torch.addmm(self.out_proj.bias, y.flatten(-2), self.out_proj.weight.t()), state
+        return torch.addmm(self.out_proj.bias, y.flatten(-2), self.out_proj.weight.t()), state  # F.linear's op
 
     def _fused_qkv(self):
         """(W_q; W_k; W_v)^T (d_model, 2 H D + H M) and the biases, concatenated once and reused
