@@ -81,10 +81,17 @@ def parse_device(name: str) -> torch.device:
 
 
 def run_dir(cfg) -> Path:
-    """Where this run writes: Hydra's output dir under run.py, else cfg.run_dir (tests and
-    library use compose the config without Hydra's runtime)."""
+    """Where this run writes: Hydra's output dir under run.py, else cfg.run_dir or
+    cfg.task.out_dir (tests and library use compose the config without Hydra's runtime)."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
-    return Path(cfg.get("run_dir") or ".")
+    return Path(cfg.get("run_dir") or (cfg.get("task") or {}).get("out_dir") or ".")
+
+
+def in_multirun() -> bool:
+    """True inside one job of a Hydra sweep (-m), whose callback aggregates the whole sweep."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN"

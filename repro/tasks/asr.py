@@ -16,15 +16,15 @@ import jiwer
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, building_from_config
+from ..config import ConfigError, building_from_config, in_multirun, run_dir as get_run_dir
 from ..data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, eval_batches, spec_augment
 from ..data.speech import BLANK, PHONEMES, CorpusSettings, generate, load_kaldi, load_librispeech, load_manifest, load_pocketsphinx
 from ..results import REPO, atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
 from ..training import fit, seed_everything
+from ..training.distributed import is_main
 from ..training.loop import parse_device, to_device
 from .copy import _attention_name
 
@@ -129,7 +129,7 @@ def _rows(t, cfg):
 
 def run(cfg) -> float:
     t, m = cfg.task, cfg.model
-    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(t.get("out_dir") or ".")
+    run_dir = get_run_dir(cfg)
     seed_everything(cfg.seed)
     if m.get("encoder") not in ("transformer", "bilstm") or m.encoder not in m:
         raise ConfigError(f"model.encoder={m.get('encoder')!r}; task=asr needs model=wsj (or wsj_tiny) and "
@@ -184,15 +184,16 @@ def run(cfg) -> float:
                 r = decode_set(model, eval_batches(ds, t.eval_batch_size), device, decoder, keep=True)
                 utterances += [{**u, "split": split} for u in r.pop("utterances")]
                 summary.update({f"{split}_{k}": v for k, v in r.items()})
-    if utterances:  # hypotheses against references, per utterance (to wandb as a table with logger=wandb)
-        atomic_write(run_dir / "hypotheses.csv", pd.DataFrame(utterances).to_csv(index=False))
-    rows = read_jsonl(run_dir / "results.jsonl")
-    rows.append({**identity, "precision": cfg.trainer.precision, "kind": "summary", **summary, **provenance(device)})
-    write_jsonl(run_dir / "results.jsonl", rows)
+    if is_main():  # under DDP every rank decoded; rank 0 writes, as fit does
+        if utterances:  # hypotheses against references, per utterance (to wandb as a table with logger=wandb)
+            atomic_write(run_dir / "hypotheses.csv", pd.DataFrame(utterances).to_csv(index=False))
+        rows = read_jsonl(run_dir / "results.jsonl")
+        rows.append({**identity, "precision": cfg.trainer.precision, "kind": "summary", **summary, **provenance(device)})
+        write_jsonl(run_dir / "results.jsonl", rows)
     print(f"asr {name}: {summary['status']}, {summary['steps']} steps ({summary['epochs']:.1f} epochs), valid PER "
           f"{100 * summary.get('valid_per', float('nan')):.1f}% (beam {100 * summary.get('valid_per_beam', float('nan')):.1f}%), "
           f"test PER {100 * summary.get('test_per', float('nan')):.1f}%, {summary['time_per_epoch_s']:.1f} s/epoch")
-    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+    if is_main() and not in_multirun():
         aggregate(rows, run_dir)
     return float(summary.get("valid_per", float("nan")))
 

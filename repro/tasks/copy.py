@@ -8,7 +8,6 @@ steps per attention (mean over seeds, band from min to max), final accuracy and 
 step per attention against N, as CSVs, plots and a table.
 """
 import itertools
-from pathlib import Path
 
 import pandas as pd
 import torch.nn.functional as F
@@ -16,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, compose_group, group_options
+from ..config import ConfigError, compose_group, group_options, in_multirun, run_dir as get_run_dir
 from ..data import CopyTask
 from ..models import AutoregressiveTransformer
 from ..results import atomic_write, output_dirs, read_jsonl, save_figure
@@ -54,7 +53,7 @@ def _attention_name(cfg) -> str:
 def run(cfg) -> float:
     t = cfg.task
     name = _attention_name(cfg)
-    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(t.get("out_dir") or ".")
+    run_dir = get_run_dir(cfg)
     seed_everything(cfg.seed)
     try:
         data = CopyTask(t.batch_size, t.max_len, t.n_symbols, t.min_copy, t.max_copy, seed=cfg.seed)
@@ -77,7 +76,7 @@ def run(cfg) -> float:
     print(f"copy {name} N={t.max_len} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
           f"eval loss {final.get('eval_loss', float('nan')):.4f}, eval accuracy "
           f"{final.get('eval_accuracy', float('nan')):.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
-    if is_main() and (not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN"):
+    if is_main() and not in_multirun():
         aggregate(read_jsonl(run_dir / "results.jsonl"), run_dir)
     return float(final.get("eval_loss", float("nan")))
 

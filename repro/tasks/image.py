@@ -17,15 +17,14 @@ attention (CSV, PNG) and a table beside the paper's numbers.
 import io
 import math
 import time
-from pathlib import Path
 
 import pandas as pd
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from ..config import ConfigError, building_from_config, parse_device, run_dir as get_run_dir
+from ..attention.base import AttentionLayer
+from ..config import ConfigError, building_from_config, in_multirun, parse_device, run_dir as get_run_dir
 from ..data import ShuffledBatches
 from ..data.images import Images, load_images, resize
 from ..models import logistic_mixture as dmol
@@ -33,6 +32,7 @@ from ..models.generate import generate
 from ..models.pixels import PixelTransformer, to_images, to_sequence
 from ..results import atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
 from ..training import fit, load_checkpoint, seed_everything
+from ..training.distributed import is_main
 from .copy import _attention_name
 
 MODES = ("train", "sample")
@@ -58,11 +58,8 @@ def build_model(cfg, n_layers=None):
 
 def sampling_mode(model) -> str:
     """recurrent when every layer's attention has a recurrent twin, else rerun (LSH)."""
-    try:
-        model.step(torch.zeros(1, dtype=torch.long, device=next(model.parameters()).device))
-        return "recurrent"
-    except NotImplementedError:
-        return "rerun"
+    recurrent = all(m.recurrent for m in model.modules() if isinstance(m, AttentionLayer))
+    return "recurrent" if recurrent else "rerun"
 
 
 @torch.no_grad()
@@ -132,7 +129,7 @@ def run(cfg) -> float:
         raise ConfigError(f"task={t.name} needs an attention: attention=<one of conf/attention>")
     name = _attention_name(cfg)
     cfg = _attention_settings(cfg, name)
-    out = get_run_dir(cfg) if HydraConfig.initialized() or cfg.get("run_dir") else Path(t.get("out_dir") or ".")
+    out = get_run_dir(cfg)
     seed_everything(cfg.seed)
     splits = _data(cfg)
     shape = splits.shape
@@ -158,7 +155,7 @@ def run(cfg) -> float:
     bpd = final.get("eval_bits_per_dim", float("nan"))
     print(f"{t.dataset} {name} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
           f"eval bits/dim {bpd:.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
-    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+    if is_main() and not in_multirun():
         aggregate(read_jsonl(out / "results.jsonl"), out)
     return float(bpd)
 
@@ -180,7 +177,7 @@ def sample_from_checkpoint(cfg) -> float:
     model = build_model(trained).to(device).eval()
     model.load_state_dict(ckpt["model"])
     splits = _data(trained)
-    out = get_run_dir(cfg) if HydraConfig.initialized() or cfg.get("run_dir") else Path(t.get("out_dir") or ".")
+    out = get_run_dir(cfg)
     n = t.n_samples or 8
     seconds, mode, _, _ = sample_grid(model, splits.shape, n, splits.test[:n], cfg.seed, out / "samples.png")
     row = {"task": "image", "kind": "sample", "dataset": trained.task.dataset, "checkpoint": str(ckpt["path"]),
