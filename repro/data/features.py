@@ -62,7 +62,16 @@ class SpeechDataset(torch.utils.data.Dataset):
         self.labels = [torch.tensor(encode(r["phonemes"]), dtype=torch.long) for r in rows]
         if norm == "global":
             self.stats = stats or global_stats(self.features)
+        # normalised once here: only SpecAugment differs from one fetch to the next
+        self.features = [self._normalise(x) for x in self.features]
         self.spec_augment, self.augment = spec_augment, False
+
+    def _normalise(self, x):
+        if self.norm == "utterance":
+            return (x - x.mean(0)) / (x.std(0) + 1e-5)
+        if self.norm == "global":
+            return (x - self.stats[0]) / self.stats[1]
+        return x
 
     def __len__(self):
         return len(self.rows)
@@ -72,10 +81,6 @@ class SpeechDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         x = self.features[i]
-        if self.norm == "utterance":
-            x = (x - x.mean(0)) / (x.std(0) + 1e-5)
-        elif self.norm == "global":
-            x = (x - self.stats[0]) / self.stats[1]
         if self.augment and self.spec_augment is not None:
             x = self.spec_augment(x.T[None])[0].T  # torchaudio masks (..., freq, time)
         return {"features": x, "labels": self.labels[i], "index": i}
@@ -135,7 +140,7 @@ class BucketedBatches:
         return [out[i] for i in torch.randperm(len(out), generator=g).tolist()]
 
     def __len__(self):
-        return len(self.batches(0))
+        return len(self.lengths) // self.batch_size  # full batches per epoch (a short last one is dropped)
 
     def __iter__(self):
         return self
@@ -159,7 +164,8 @@ class BucketedBatches:
 
 def eval_batches(dataset, batch_size: int) -> list[dict]:
     """Every utterance once, in length order (no augmentation)."""
-    order = sorted(range(len(dataset)), key=lambda i: dataset.lengths()[i])
+    lengths = dataset.lengths()
+    order = sorted(range(len(dataset)), key=lengths.__getitem__)
     was, dataset.augment = dataset.augment, False
     out = [collate([dataset[i] for i in order[s:s + batch_size]]) for s in range(0, len(order), batch_size)]
     dataset.augment = was

@@ -181,7 +181,8 @@ def run(cfg) -> float:
     with torch.no_grad():
         for split, ds in [("valid", valid), ("test", test), ("real", real)]:
             if ds is not None and final["steps"]:
-                r = decode_set(model, eval_batches(ds, t.eval_batch_size), device, decoder, keep=True)
+                batches = valid_batches if ds is valid else eval_batches(ds, t.eval_batch_size)
+                r = decode_set(model, batches, device, decoder, keep=True)
                 utterances += [{**u, "split": split} for u in r.pop("utterances")]
                 summary.update({f"{split}_{k}": v for k, v in r.items()})
     if is_main():  # under DDP every rank decoded; rank 0 writes, as fit does
