@@ -33,7 +33,7 @@ from ..models import logistic_mixture as dmol
 from ..models.generate import MODES, generate
 from ..models.pixels import IMAGE_SHAPES, PixelTransformer
 from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
-from ..training.loop import compile_step
+from ..training.loop import compile_backends, compile_step
 
 TASK_MODES = MODES + ("floor",)
 
@@ -151,10 +151,6 @@ def _compile(model, backend, length, batch, device):
     return time.perf_counter() - began
 
 
-def _backends():
-    return sorted(torch._dynamo.list_backends(exclude_tags=()))
-
-
 def run(cfg) -> float:
     t = cfg.task
     device, dtype = parse_device(cfg.device), parse_dtype(t.dtype)
@@ -169,8 +165,8 @@ def run(cfg) -> float:
         if backend and m.mode != "recurrent":
             raise ConfigError(f"task.methods.{label}.compile={backend!r}: only a recurrent step is compiled; "
                               f"mode is {m.mode!r}")
-        if backend and backend not in _backends():
-            raise ConfigError(f"task.methods.{label}.compile={backend!r}; valid: {', '.join(_backends())}")
+        if backend and backend not in (valid := compile_backends()):
+            raise ConfigError(f"task.methods.{label}.compile={backend!r}; valid: {', '.join(valid)}")
         methods[label] = (m.attention, m.mode, compose_group("attention", m.attention), m.get("settings") or {},
                           backend)
     if t.get("threads"):

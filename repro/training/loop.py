@@ -111,11 +111,14 @@ def _validate(t):
     if t.get("compile", False) not in (True, False):
         raise ConfigError(f"trainer.compile must be true or false; got {t.get('compile')!r}")
     backend = t.get("compile_backend", "inductor")
-    if t.get("compile"):
-        import torch._dynamo
-    if t.get("compile") and backend not in torch._dynamo.list_backends(exclude_tags=()):
-        raise ConfigError(f"trainer.compile_backend={backend!r}; valid: "
-                          f"{', '.join(sorted(torch._dynamo.list_backends(exclude_tags=())))}")
+    if t.get("compile") and backend not in (valid := compile_backends()):
+        raise ConfigError(f"trainer.compile_backend={backend!r}; valid: {', '.join(valid)}")
+
+
+def compile_backends() -> list[str]:
+    """The torch.compile backends this install has, sorted (for config checks)."""
+    import torch._dynamo
+    return sorted(torch._dynamo.list_backends(exclude_tags=()))
 
 
 def compile_model(module, backend: str = "inductor", **kwargs):
