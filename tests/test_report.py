@@ -90,6 +90,8 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert f"Hardware: {CPU}" in md.split("### asr_table", 1)[1]
     assert "Figure 2: the copy task" in md and "not yet run" in md.split("## Figure 2", 1)[1].split("##", 1)[0]
     assert re.search(r"\[kernels\]\(kernels/README.md\): `python -m repro.kernels.bench`", md)
+    others = md.split("## Other results", 1)[1]
+    assert "[asr]" not in others and "[asr_table]" not in others  # tabled in Table 3, so not "other"
     other = (tmp_path / "elsewhere" / "R.md").read_text()
     assert "](../results/fig1/benchmark.png)" in other  # links relative to where the copy lies
     for ds, methods in paper.IMAGES.items():  # every method of the paper has its row
