@@ -95,3 +95,21 @@ def in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN"
+
+
+def attention_name(cfg) -> str:
+    """The conf/attention entry this run uses: Hydra's choice under run.py; composed without
+    Hydra's runtime (tests, notebooks), the entry the attention node equals."""
+    if cfg.get("attention") is None:
+        raise ConfigError(f"task={cfg.task.name} needs an attention: attention=<one of conf/attention>")
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        name = HydraConfig.get().runtime.choices.get("attention")
+        if name:
+            return name
+    mine = OmegaConf.to_container(cfg.attention, resolve=True)
+    for name in group_options("attention"):
+        if OmegaConf.to_container(compose_group("attention", name), resolve=True) == mine:
+            return name
+    return cfg.attention._target_.rsplit(".", 1)[-1]

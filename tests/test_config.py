@@ -55,3 +55,16 @@ def test_wandb_offline_writes_a_local_run(compose_cfg, tmp_path, monkeypatch):
     log.log({"loss": torch.tensor(2.0).item()}, step=0)
     log.finish()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.parametrize("task", ["copy", "mnist", "asr"])
+def test_a_task_without_an_attention_says_so_in_one_line(compose_cfg, task):
+    from repro.config import attention_name
+    cfg = compose_cfg(f"task={task}", "~attention")
+    with pytest.raises(ConfigError, match=f"^task={task} needs an attention: attention=<one of conf/attention>$"):
+        attention_name(cfg)
+
+
+def test_attention_name_without_hydra_is_the_entry_the_config_equals(compose_cfg):
+    from repro.config import attention_name
+    assert attention_name(compose_cfg("task=copy", "attention=softmax-math")) == "softmax-math"

@@ -19,14 +19,13 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, building_from_config, in_multirun, run_dir as get_run_dir
+from ..config import ConfigError, attention_name, building_from_config, in_multirun, run_dir as get_run_dir
 from ..data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, eval_batches, spec_augment
 from ..data.speech import BLANK, PHONEMES, CorpusSettings, generate, load_kaldi, load_librispeech, load_manifest, load_pocketsphinx
 from ..results import REPO, atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
 from ..training import fit, seed_everything
 from ..training.distributed import is_main
 from ..training.loop import parse_device, to_device
-from .copy import _attention_name
 
 N_LABELS = len(PHONEMES) + 1  # blank + 39 phonemes
 SOURCES = ("tts", "librispeech", "kaldi")
@@ -134,7 +133,7 @@ def run(cfg) -> float:
     if m.get("encoder") not in ("transformer", "bilstm") or m.encoder not in m:
         raise ConfigError(f"model.encoder={m.get('encoder')!r}; task=asr needs model=wsj (or wsj_tiny) and "
                           f"encoder=bilstm|softmax|lsh-4|linear, or model.encoder=transformer|bilstm")
-    name = "bilstm" if m.encoder == "bilstm" else _attention_name(cfg)
+    name = "bilstm" if m.encoder == "bilstm" else attention_name(cfg)
     splits, data_id = _rows(t, cfg)
     f = t.features
     fbank = LogMelFilterbank(f.n_mels, kind=f.kind)

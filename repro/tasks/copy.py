@@ -11,11 +11,10 @@ import itertools
 
 import pandas as pd
 import torch.nn.functional as F
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, compose_group, group_options, in_multirun, run_dir as get_run_dir
+from ..config import ConfigError, attention_name, in_multirun, run_dir as get_run_dir
 from ..data import CopyTask
 from ..models import AutoregressiveTransformer
 from ..results import atomic_write, output_dirs, read_jsonl, save_figure
@@ -35,24 +34,9 @@ def copy_loss(model, batch):
     return loss, {"accuracy": accuracy.detach(), "seq_accuracy": seq_accuracy.detach()}
 
 
-def _attention_name(cfg) -> str:
-    if cfg.get("attention") is None:
-        raise ConfigError("task=copy needs an attention: attention=<one of conf/attention>")
-    if HydraConfig.initialized():
-        name = HydraConfig.get().runtime.choices.get("attention")
-        if name:
-            return name
-    # composed without Hydra's runtime (tests, notebooks): the conf/attention entry it equals
-    mine = OmegaConf.to_container(cfg.attention, resolve=True)
-    for name in group_options("attention"):
-        if OmegaConf.to_container(compose_group("attention", name), resolve=True) == mine:
-            return name
-    return cfg.attention._target_.rsplit(".", 1)[-1]
-
-
 def run(cfg) -> float:
     t = cfg.task
-    name = _attention_name(cfg)
+    name = attention_name(cfg)
     run_dir = get_run_dir(cfg)
     seed_everything(cfg.seed)
     try:

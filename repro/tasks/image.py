@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from ..attention.base import AttentionLayer
-from ..config import ConfigError, building_from_config, in_multirun, parse_device, run_dir as get_run_dir
+from ..config import ConfigError, attention_name, building_from_config, in_multirun, parse_device, run_dir as get_run_dir
 from ..data import ShuffledBatches
 from ..data.images import Images, load_images, resize
 from ..models import logistic_mixture as dmol
@@ -33,7 +33,6 @@ from ..models.pixels import PixelTransformer, to_images, to_sequence
 from ..results import atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
 from ..training import fit, load_checkpoint, seed_everything
 from ..training.distributed import is_main
-from .copy import _attention_name
 
 MODES = ("train", "sample")
 # The paper's Table 1 and 2 (bits/dim on the test set).
@@ -125,9 +124,7 @@ def run(cfg) -> float:
         raise ConfigError(f"task.mode={t.mode!r}; valid: {', '.join(MODES)}")
     if t.mode == "sample":
         return sample_from_checkpoint(cfg)
-    if cfg.get("attention") is None:
-        raise ConfigError(f"task={t.name} needs an attention: attention=<one of conf/attention>")
-    name = _attention_name(cfg)
+    name = attention_name(cfg)
     cfg = _attention_settings(cfg, name)
     out = get_run_dir(cfg)
     seed_everything(cfg.seed)

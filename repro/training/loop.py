@@ -142,16 +142,26 @@ def _mean(values):
     return float(sum(values) / len(values)) if values else float("nan")
 
 
-@torch.no_grad()
-def evaluate(model, loss_fn, batches, device, autocast) -> dict:
-    """Mean loss and metrics over the held-out batches. Runs under a forked RNG, so evaluating
-    (or not) leaves the training stream unchanged. Under DDP each rank scores its slice of each
-    batch (the whole batch when it does not split evenly) and the means are averaged."""
+@contextmanager
+def _held_out(model, device):
+    """Eval mode and no grad, under a forked RNG, so evaluating (or not) leaves the training
+    stream unchanged; the model's mode is restored after."""
     was_training = model.training
     model.eval()
-    sums, count = {}, 0
     cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        model.train(was_training)
+
+
+def evaluate(model, loss_fn, batches, device, autocast) -> dict:
+    """Mean loss and metrics over the held-out batches (under _held_out). Under DDP each rank
+    scores its slice of each batch (the whole batch when it does not split evenly) and the means
+    are averaged."""
+    sums, count = {}, 0
+    with _held_out(model, device):
         for batch in batches:
             if ddp.is_distributed():
                 try:
@@ -163,19 +173,13 @@ def evaluate(model, loss_fn, batches, device, autocast) -> dict:
             for k, v in {"loss": loss, **metrics}.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             count += 1
-    model.train(was_training)
     out = {k: v / count for k, v in sums.items()} if count else {}
     return dict(zip(out, ddp.mean_across_ranks(list(out.values()))))
 
 
 def _run_hook(hook, model, step, device) -> dict:
-    was_training = model.training
-    model.eval()
-    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.no_grad(), torch.random.fork_rng(devices=cuda):
-        extra = hook(model, step) or {}
-    model.train(was_training)
-    return extra
+    with _held_out(model, device):
+        return hook(model, step) or {}
 
 
 def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=None, fingerprint=None,
