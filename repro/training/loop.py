@@ -237,11 +237,12 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         with open_dict(cfg):
             cfg.logger.run_id = logger_id  # wandb continues the same run (other loggers ignore it)
     rng = ckpt["rng"] if t.resume else rng_state()
-    if t.resume and len(ckpt.get("rng_ranks") or []) == world:
+    per_rank_rng = t.resume and len(ckpt.get("rng_ranks") or []) == world  # saved by this many ranks
+    if per_rank_rng:
         rng = ckpt["rng_ranks"][rank]
     logger = make_logger(cfg, run_dir) if main else NullLogger(run_dir)
     set_rng_state(rng)  # whatever the logger drew, training starts from the seeded (or saved) state
-    if distributed and rank > 0 and not (t.resume and len(ckpt.get("rng_ranks") or []) == world):
+    if distributed and rank > 0 and not per_rank_rng:
         torch.manual_seed(torch.initial_seed() + rank)  # each rank its own dropout masks
     meta = provenance(device)
     identity.update(precision=t.precision, device_type=device.type)
