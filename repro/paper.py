@@ -1,6 +1,7 @@
 """The paper's numbers (Katharopoulos et al. 2020, arXiv 2006.16236 v3), in one place, for the
 report (repro.report) to put beside ours. Figure values are read off the log-log plot (about
-±15%); tables are as printed. Keys use this suite's names (conf/attention, throughput methods)."""
+±15%); tables are as printed. Keys use this suite's names (conf/attention, throughput methods).
+Each constant names the figure or table that holds its numbers."""
 
 # Figure 1: forward + backward of one attention layer, per sample, GTX 1080 Ti (11 GB).
 # {attention: {N: (time ms, memory MB)}}; None where the paper gives no point (out of memory).
@@ -21,17 +22,28 @@ FIGURE2_CLAIM = ("linear converges smoothly to the same loss as softmax; LSH (4 
                  "chunk 32) ends higher (curves only, no numbers)")
 FIGURE2_SETUP = "4 layers, 8 heads, d_model 256, batch 64, RAdam 1e-3 -> 1e-4 after 3000 of 10,000 updates"
 
-# Tables 1 and 2: bits/dim of the test set and images/s of unconditional generation.
-# {dataset: {method: (bits/dim, images/s)}}; methods as in task=throughput.
-IMAGES_HARDWARE = {"mnist": "1 GPU (batch 10 for images/s)", "cifar10": "NVIDIA P40 24 GB (7 days of training each)"}
-IMAGES = {
-    "mnist": {"softmax": (0.621, 0.45), "stateful-softmax": (0.621, 7.56), "lsh-1": (0.745, 0.68),
-              "lsh-4": (0.676, 0.27), "linear": (0.644, 142.8)},
-    "cifar10": {"softmax": (3.47, 0.004), "stateful-softmax": (3.47, 0.32), "lsh-1": (3.39, 0.015),
-                "lsh-4": (3.51, 0.005), "linear": (3.40, 17.85)},
+# Image generation. What the paper says about where and how: MNIST trained at batch 10; CIFAR-10
+# trained 7 days per model on one P40 (batch 4, softmax 1). The batch it generated at for
+# images/s is not stated.
+IMAGES_SETUP = {"mnist": "8 layers, trained at batch 10",
+                "cifar10": "16 layers, trained 7 days each on an NVIDIA P40 24 GB at batch 4, softmax at batch 1"}
+
+# Table 1 (MNIST) and Table 2 (CIFAR-10): bits/dim on the test set and images/s of unconditional
+# generation. {dataset: {method: (bits/dim, images/s)}}; methods as in task=throughput.
+TABLES_1_2 = {"mnist": "Table 1", "cifar10": "Table 2"}
+BITS_PER_DIM = {
+    "mnist": {"softmax": (0.621, 0.45), "lsh-1": (0.745, 0.68), "lsh-4": (0.676, 0.27), "linear": (0.644, 142.8)},
+    "cifar10": {"softmax": (3.47, 0.004), "lsh-1": (3.39, 0.015), "lsh-4": (3.51, 0.005), "linear": (3.40, 17.85)},
 }
 
-# Tables 4 and 5 (supplementary): seconds to generate one image at batch 1.
+# Table 4 (supplementary): images/s for both datasets, with stateful softmax (softmax with a
+# key/value cache, supplementary C.1). {dataset: {method: images/s}}
+IMAGES_PER_S = {
+    "mnist": {"softmax": 0.45, "stateful-softmax": 7.56, "lsh-1": 0.68, "lsh-4": 0.27, "linear": 142.8},
+    "cifar10": {"softmax": 0.004, "stateful-softmax": 0.32, "lsh-1": 0.015, "lsh-4": 0.005, "linear": 17.85},
+}
+
+# Table 5 (supplementary): seconds to generate one image, CPU and GPU, both datasets.
 # {dataset: {method: (CPU s, GPU s)}}
 SECONDS_PER_IMAGE = {
     "mnist": {"softmax": (72.6, 10.2), "stateful-softmax": (7.4, 10.4), "lsh-1": (46.0, 19.2),

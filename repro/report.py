@@ -5,13 +5,15 @@ atomically; --out writes a copy elsewhere, its figure links made relative to it)
 What it reads (the convention for results folders; any depth under results/):
   benchmark.csv (+ summary.json, benchmark.png)   Figure 1        (task=benchmark)
   copy_final.csv (+ copy_curves.png, ...)         Figure 2        (task=copy)
-  throughput.csv                                  Tables 1/2 images/s, Tables 4/5 s/image (task=throughput)
+  throughput.csv                                  Tables 1/2 and 4 images/s, Table 5 s/image (task=throughput)
   any CSV with a bits_per_dim column              Tables 1/2 bits/dim; rows name `dataset` (mnist,
                                                   cifar10) or carry it in `task`, and `attention`
   any CSV with a PER column                       Table 3, one table per folder: `valid_per_%` /
                                                   `per_%` (percent) or `per` (a fraction when <= 1);
                                                   rows name `attention` (or `model`) and may carry
-                                                  seconds_per_epoch or s_per_epoch
+                                                  seconds_per_epoch or s_per_epoch; a folder whose
+                                                  `label` (in the CSV or its .jsonl rows) says
+                                                  "timing run" gives seconds per epoch only
   rows carry `device` (the hardware) as every result row does (for Table 3, the run rows in a
   .jsonl beside the CSV may carry it instead).
 The command that produced a folder: its `command.txt` (the exact command line, one or more
@@ -186,65 +188,123 @@ def _throughput(root):
     return [(folder, df) for folder, df in read_csvs(root, "throughput.csv") if {"size", "method"} <= set(df)]
 
 
+def _extrapolated(r) -> bool:
+    return str(r.get("extrapolated", "")).lower() == "true"
+
+
+def _marked(value, r) -> str:
+    """A measured value, marked when the run was stopped at its time budget and extrapolated."""
+    return f"{_num(float(value))}{' (extrapolated)' if _extrapolated(r) else ''}"
+
+
+def _largest_batch(thr, ds, method):
+    """(folder, row) of our run of `method` on `ds` at the largest batch (the last folder of equals),
+    or None."""
+    found = [(f, d[(d["size"].map(dataset_of) == ds) & (d.method == method)]) for f, d in thr]
+    found = [(f, d[d.batch == d.batch.max()]) for f, d in found if len(d)]
+    found.sort(key=lambda fd: fd[1].batch.iloc[0])
+    return (found[-1][0], found[-1][1].iloc[0]) if found else None
+
+
+def _images_per_s(found):
+    if found is None:
+        return "not yet run", None
+    _, r = found
+    return _marked(r.images_per_s, r), int(r.batch)
+
+
+NOT_STATED = ("The paper does not state the batch it generated at; ours is our largest batch, and a value "
+              "marked (extrapolated) comes from a generation stopped at its time budget and extrapolated "
+              "(`positions_measured` in its throughput.csv).")
+
+
 def tables_1_2(root, rel, bpd) -> str:
     out = ["## Tables 1 and 2: image generation, bits/dim and images/s",
-           "Paper: MNIST (8 layers) and CIFAR-10 (16 layers), bits/dim on the test set; images/s generating "
-           "at the largest batch. Ours: bits/dim from the image task, images/s from task=throughput "
-           "(its largest batch)."]
+           "Paper: bits/dim on the test set and images/s of unconditional generation; Table 1 MNIST "
+           f"({paper.IMAGES_SETUP['mnist']}), Table 2 CIFAR-10 ({paper.IMAGES_SETUP['cifar10']}). "
+           f"Ours: bits/dim from the image task, images/s from task=throughput. {NOT_STATED}"]
     thr = _throughput(root)
-    for ds, name in [("mnist", "Table 1: MNIST"), ("cifar10", "Table 2: CIFAR-10")]:
+    for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = []
-        for method, (p_bpd, p_ips) in paper.IMAGES[ds].items():
-            b = bpd.get((ds, method)) or (bpd.get((ds, "softmax")) if method == "stateful-softmax" else None)
-            ips = [(folder, df[(df["size"].map(dataset_of) == ds) & (df.method == method)]) for folder, df in thr]
-            ips = [(f, d[d.batch == d.batch.max()]) for f, d in ips if len(d)]
-            ips.sort(key=lambda fd: fd[1].batch.iloc[0])  # the run at the largest batch (the last of equals)
-            mine_ips = ips[-1][1].images_per_s.iloc[0] if ips else None
-            hw = "; ".join(x for x in [b[2] if b else "", hardware(ips[-1][1]) if ips else ""] if x) or None
+        for method, (p_bpd, p_ips) in paper.BITS_PER_DIM[ds].items():
+            b = bpd.get((ds, method))
+            found = _largest_batch(thr, ds, method)
+            ips, batch = _images_per_s(found)
+            hw = "; ".join(x for x in [b[2] if b else "", str(found[1].get("device", "")) if found else ""] if x) or None
             cmds = "; ".join(dict.fromkeys(([command(b[1], root)] if b else []) +
-                                           ([command(ips[-1][0], root)] if ips else [])))
-            rows.append([method, p_bpd, b[0] if b else "not yet run", p_ips,
-                         mine_ips if mine_ips is not None else "not yet run", hw, code(cmds) if cmds else None])
-        out.append(f"### {name}\n\n" + md_table(["method", "paper bits/dim", "our bits/dim", "paper images/s",
-                                                 "our images/s", "our hardware", "command"], rows))
+                                           ([command(found[0], root)] if found else [])))
+            rows.append([method, p_bpd, b[0] if b else "not yet run", p_ips, ips, batch, hw,
+                         code(cmds) if cmds else None])
+        out.append(f"### {paper.TABLES_1_2[ds]}: {name}\n\n" + md_table(
+            ["method", "paper bits/dim", "our bits/dim", "paper images/s", "our images/s", "our batch",
+             "our hardware", "command"], rows))
     return "\n\n".join(out)
 
 
-def tables_4_5(root, rel) -> str:
-    out = ["## Tables 4 and 5: seconds to generate one image (batch 1)",
-           "Paper (supplementary): CPU and GPU seconds per image. Ours: task=throughput at batch 1; "
-           "`extrapolated` where the run was stopped at its time budget and its total extrapolated."]
+def table_4(root, rel) -> str:
+    out = ["## Table 4 (supplementary): images per second, with stateful softmax",
+           "Paper: images/s of unconditional generation for both datasets, with softmax re-running the prefix "
+           "and stateful softmax (a key/value cache, supplementary C.1). Ours: task=throughput. " + NOT_STATED]
     thr = _throughput(root)
-    for ds, name in [("mnist", "Table 4: MNIST"), ("cifar10", "Table 5: CIFAR-10")]:
+    for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
+        rows = []
+        for method, p_ips in paper.IMAGES_PER_S[ds].items():
+            found = _largest_batch(thr, ds, method)
+            ips, batch = _images_per_s(found)
+            rows.append([method, p_ips, ips, batch, (str(found[1].get("device", "")) or "not recorded") if found else None,
+                         code(command(found[0], root)) if found else None])
+        out.append(f"### Table 4, {name}\n\n" + md_table(
+            ["method", "paper images/s", "our images/s", "our batch", "our hardware", "command"], rows))
+    return "\n\n".join(out)
+
+
+def table_5(root, rel) -> str:
+    out = ["## Table 5 (supplementary): seconds to generate one image",
+           "Paper: CPU and GPU seconds to generate one image, both datasets. Ours: task=throughput at batch 1; "
+           "(extrapolated) where the run was stopped at its time budget and its total extrapolated (a measured "
+           "run of the same method is preferred)."]
+    thr = _throughput(root)
+    for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = []
         for method, (cpu, gpu) in paper.SECONDS_PER_IMAGE[ds].items():
             mine = [(f, d[(d["size"].map(dataset_of) == ds) & (d.method == method) & (d.batch == 1)]) for f, d in thr]
             mine = [(f, d) for f, d in mine if len(d)]
-            mine.sort(key=lambda fd: str(fd[1].iloc[0].get("extrapolated", "")).lower() != "true")  # measured last
+            mine.sort(key=lambda fd: not _extrapolated(fd[1].iloc[0]))  # measured last
             if mine:
                 folder, d = mine[-1]
                 r = d.iloc[0]
-                mark = " (extrapolated)" if str(r.get("extrapolated", "")).lower() == "true" else ""
-                value = f"{_num(r.seconds_per_image)}{mark}" if pd.notna(r.get("seconds_per_image")) else r.get("status")
+                value = _marked(r.seconds_per_image, r) if pd.notna(r.get("seconds_per_image")) else r.get("status")
                 rows.append([method, cpu, gpu, value, "GPU" if is_gpu(hardware(d)) else "CPU", hardware(d),
                              code(command(folder, root))])
             else:
                 rows.append([method, cpu, gpu, "not yet run", None, None, None])
-        out.append(f"### {name}\n\n" + md_table(["method", "paper CPU s", "paper GPU s", "our s/image", "ours on",
-                                                 "our hardware", "command"], rows))
+        out.append(f"### Table 5, {name}\n\n" + md_table(["method", "paper CPU s", "paper GPU s", "our s/image",
+                                                          "ours on", "our hardware", "command"], rows))
     return "\n\n".join(out)
+
+
+def _run_rows(folder):
+    """The run rows (.jsonl) beside a table, as dicts."""
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")):
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
 
 
 def _asr_device(df, folder) -> str:
     """The device named by the table, else by the run rows beside it."""
     if "device" in df:
         return hardware(df)
-    for rows in sorted(folder.glob("*.jsonl")):
-        with open(rows) as f:
-            devices = {json.loads(line).get("device") for line in f if line.strip()} - {None}
-        if devices:
-            return "; ".join(sorted(devices))[:200]
-    return "not recorded"
+    devices = {r.get("device") for r in _run_rows(folder)} - {None}
+    return "; ".join(sorted(devices))[:200] if devices else "not recorded"
+
+
+def is_timing_run(df, folder) -> bool:
+    """A run made to time epochs, not to train (its label, in the table or in the run rows beside
+    it, says "timing run"): its error rates are those of an untrained model, not results."""
+    labels = list(df["label"].dropna()) if "label" in df else [r.get("label") for r in _run_rows(folder)]
+    return any(re.search(r"\btiming run\b", str(label), re.I) for label in labels if label)
 
 
 def _asr_tables(csvs):
@@ -264,19 +324,22 @@ def _asr_tables(csvs):
 def table_3(root, rel, asr_tables) -> str:
     out = ["## Table 3: speech recognition (WSJ), phoneme error rate and seconds per epoch",
            f"Paper: WSJ 80 h, CTC over phonemes, {paper.ASR_HARDWARE}. Ours: the ASR task on the corpus its "
-           "folder names (see its command); validation PER, as the paper reports."]
+           "folder names (see its command); validation PER, as the paper reports. A timing run (a few updates "
+           "of an untrained model, its label says so) gives seconds per epoch only: its PER is no result."]
     headers = ["model", "paper PER %", "our PER %", "paper s/epoch", "our s/epoch"]
     tables = []
     for path, df, col, name_col, secs in asr_tables:
+        folder = path.parent
+        timing = is_timing_run(df, folder)
         found = {}
         for _, r in df.dropna(subset=[col]).iterrows():
             per = float(r[col]) * (1 if col.endswith("%") or float(r[col]) > 1 else 100)
             found[str(r[name_col]).lower().replace("-lstm", "lstm").replace("_", "")] = (
-                per, r.get(secs) if secs else None)
+                "timing run" if timing else per, r.get(secs) if secs else None)
         rows = [[name, p_per, found[name][0] if name in found else "not run here", p_s,
                  found[name][1] if name in found else None] for name, (p_per, p_s) in paper.ASR.items()]
-        folder = path.parent
-        tables.append(f"### {folder.relative_to(root)}\n\nHardware: {_asr_device(df, folder)}  \n"
+        tables.append(f"### {folder.relative_to(root)}{' (timing run)' if timing else ''}\n\n"
+                      f"Hardware: {_asr_device(df, folder)}  \n"
                       f"Command: {code(command(folder, root))}\n\n" + md_table(headers, rows))
     if not tables:
         tables = [md_table(headers, [[name, p_per, "not yet run", p_s, None] for name, (p_per, p_s) in paper.ASR.items()])]
@@ -311,7 +374,8 @@ def build(results: Path, out: Path) -> str:
              "Paper values: repro/paper.py (from the paper; figure values read off its plots). "
              "Ours: the committed runs, each with the hardware it ran on and the command that produced it. "
              "CPU-sized runs are smaller than the paper's settings: compare shapes (slopes, orderings), not absolute values.",
-             figure1(results, rel), figure2(results, rel), tables_1_2(results, rel, bpd), tables_4_5(results, rel),
+             figure1(results, rel), figure2(results, rel), tables_1_2(results, rel, bpd), table_4(results, rel),
+             table_5(results, rel),
              table_3(results, rel, asr_tables), others(results, rel, used)]
     return "\n\n".join(p for p in parts if p) + "\n"
 

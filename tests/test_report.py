@@ -61,6 +61,10 @@ def fake_results(root):
     pd.DataFrame([{"model": "bilstm", "valid_per_%": 0.8, "s_per_epoch": 12.5}]).to_csv(table / "asr_table.csv", index=False)
     (table / "asr_rows.jsonl").write_text(json.dumps({"task": "asr", "device": CPU}) + "\n")
     (table / "command.txt").write_text("python run.py -m experiment=asr_table_cpu\n")
+    timing = root / "asr_timing"  # a timing run: 20 updates of an untrained model, its label says so
+    timing.mkdir()
+    pd.DataFrame([{"model": "linear", "valid_per_%": 98.5, "s_per_epoch": 44.5}]).to_csv(timing / "asr_table.csv", index=False)
+    (timing / "asr_rows.jsonl").write_text(json.dumps({"task": "asr", "device": CPU, "label": "CPU timing run"}) + "\n")
     (root / "kernels").mkdir()
     (root / "kernels" / "README.md").write_text("    python -m repro.kernels.bench\n")
 
@@ -79,11 +83,19 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert "Command: `python run.py experiment=paper_benchmark device=cuda`" in md and GPU in md
     assert "![Figure 1, fig1](fig1/benchmark.png)" in md
     t1 = row(md, "linear", "### Table 1: MNIST")
-    assert t1[:5] == ["linear", "0.644", "0.71", "142.8", "80"] and CPU in t1[5] and GPU in t1[5]
-    assert "task=mnist attention=linear" in t1[6] and "task=throughput device=cuda" in t1[6]
+    assert t1[:6] == ["linear", "0.644", "0.71", "142.8", "80", "10"] and CPU in t1[6] and GPU in t1[6]
+    assert "task=mnist attention=linear" in t1[7] and "task=throughput device=cuda" in t1[7]
     assert row(md, "softmax", "### Table 1: MNIST")[2] == "not yet run"
-    assert row(md, "linear", "### Table 4: MNIST")[3:5] == ["0.123", "GPU"]  # measured beats extrapolated
-    assert row(md, "softmax", "### Table 5: CIFAR-10")[1:5] == ["8,651", "300.1", "9,000 (extrapolated)", "CPU"]
+    # an images/s from a generation stopped at its time budget says so, in every table that shows it
+    assert row(md, "softmax", "### Table 2: CIFAR-10")[4] == "0.0001111 (extrapolated)"
+    assert row(md, "softmax", "### Table 4, CIFAR-10")[1:4] == ["0.004", "0.0001111 (extrapolated)", "1"]
+    assert row(md, "linear", "### Table 4, MNIST")[1:4] == ["142.8", "80", "10"]
+    assert row(md, "stateful-softmax", "### Table 4, MNIST")[1:3] == ["7.56", "not yet run"]
+    assert "stateful-softmax" not in md.split("### Table 1: MNIST", 1)[1].split("\n## ", 1)[0]  # not in Tables 1/2
+    assert row(md, "linear", "### Table 5, MNIST")[3:5] == ["0.123", "GPU"]  # measured beats extrapolated
+    assert row(md, "softmax", "### Table 5, CIFAR-10")[1:5] == ["8,651", "300.1", "9,000 (extrapolated)", "CPU"]
+    # a timing run's PER (an untrained model's) is no result: left out, its seconds per epoch kept
+    assert row(md, "linear", "### asr_timing (timing run)")[1:5] == ["8.08", "timing run", "824", "44.5"]
     assert row(md, "linear", "### asr\n")[1:5] == ["8.08", "23.45", "824", "31"]
     assert row(md, "softmax", "### asr\n")[2] == "not run here"
     assert row(md, "bilstm", "### asr_table")[1:5] == ["10.94", "0.8", "1047", "12.5"]  # 0.8 %, not 80 %
@@ -94,13 +106,71 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert "[asr]" not in others and "[asr_table]" not in others  # tabled in Table 3, so not "other"
     other = (tmp_path / "elsewhere" / "R.md").read_text()
     assert "](../results/fig1/benchmark.png)" in other  # links relative to where the copy lies
-    for ds, methods in paper.IMAGES.items():  # every method of the paper has its row
-        for m in methods:
-            row(md, m, "### Table 1" if ds == "mnist" else "### Table 2")
+    for ds, name in (("mnist", "MNIST"), ("cifar10", "CIFAR-10")):  # every method of the paper has its row
+        for m in paper.BITS_PER_DIM[ds]:
+            row(md, m, f"### {paper.TABLES_1_2[ds]}: {name}")
+        for m in paper.IMAGES_PER_S[ds]:
+            row(md, m, f"### Table 4, {name}")
+        for m in paper.SECONDS_PER_IMAGE[ds]:
+            row(md, m, f"### Table 5, {name}")
 
 
 def test_the_committed_results_build(tmp_path):
     md = build(REPO / "results", tmp_path / "REPORT.md")
-    for heading in ("## Figure 1", "## Figure 2", "## Tables 1 and 2", "## Tables 4 and 5", "## Table 3"):
+    for heading in ("## Figure 1", "## Figure 2", "## Tables 1 and 2", "## Table 4", "## Table 5", "## Table 3"):
         assert heading in md
     assert "figure1-family-cpu" in md and "copy/figure2_cpu" in md
+
+
+# Values printed in only one table of the paper (arXiv 2006.16236 v3), written out by hand here
+# (not taken from repro.paper): a report section showing one of them must name that table.
+ONLY_IN = {"Table 1": {"0.621", "0.745", "0.676", "0.644"},          # MNIST bits/dim
+           "Table 2": {"3.47", "3.39", "3.51", "3.4"},               # CIFAR-10 bits/dim
+           "Table 4": {"7.56", "0.32"},                              # stateful softmax images/s
+           "Table 5": {"72.6", "10.2", "46", "112", "8,651", "300.1", "2,319", "5,264"},  # seconds per image
+           "Table 3": {"10.94", "5.12", "9.33", "8.08"}}                # WSJ PER %
+
+
+def sections(md):
+    """(the '## ' title, the '### ' title or '', the cells of its tables' paper columns) of every
+    innermost section."""
+    out, top = [], ""
+    for part in re.split(r"\n(?=##+ )", md):
+        title, _, body = part.partition("\n")
+        if title.startswith("## "):
+            top, sub = title, ""
+        elif title.startswith("### "):
+            sub = title
+        else:
+            continue
+        cells, columns = set(), []
+        for line in body.splitlines():
+            if not line.startswith("|"):
+                columns = []  # a table ends
+                continue
+            row = [c.strip() for c in line.strip("|").split("|")]
+            if not columns:
+                columns = [i for i, h in enumerate(row) if h.startswith("paper")]
+            else:
+                cells |= {row[i] for i in columns}
+        out.append((top, sub, cells))
+    return out
+
+
+def test_every_section_names_the_paper_table_that_holds_its_numbers(tmp_path):
+    for md in (build(REPO / "results", tmp_path / "REPORT.md"), build(fake(tmp_path), tmp_path / "R.md")):
+        checked = set()
+        for top, sub, cells in sections(md):
+            for table, values in ONLY_IN.items():
+                if cells & values:
+                    assert re.search(rf"\b{table}\b", f"{top} {sub}"), f"{top} / {sub} shows {table}'s numbers"
+                    for other in set(ONLY_IN) - {table}:  # and no other table's name
+                        assert not re.search(rf"\b{other}\b", f"{sub or top}"), f"{top} / {sub} names {other}"
+                    checked.add(table)
+        assert checked == set(ONLY_IN)
+
+
+def fake(tmp_path):
+    root = tmp_path / "fake"
+    fake_results(root)
+    return root
