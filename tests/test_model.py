@@ -8,17 +8,17 @@ from repro.config import compose_group
 from repro.models import AutoregressiveTransformer, Transformer, sinusoid
 
 
-def _model(name, norm_first=False, dtype=torch.float64):
+def _model(name, norm_first=False, dtype=torch.float64, embedding="sum"):
     att = instantiate(compose_group("attention", name))
     model = AutoregressiveTransformer(att, n_tokens=11, d_out=5, n_layers=3, d_model=32, n_heads=4,
-                                      d_ff=48, dropout=0.1, norm_first=norm_first)
+                                      d_ff=48, dropout=0.1, norm_first=norm_first, embedding=embedding)
     return model.to(dtype).eval()  # eval: dropout off, as in generation
 
 
 @pytest.mark.parametrize("name", ["softmax", "linear"])
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_step_outputs_equal_parallel_forward(name, norm_first):
-    model = _model(name, norm_first)
+@pytest.mark.parametrize("norm_first,embedding", [(False, "sum"), (True, "sum"), (False, "concat")])
+def test_step_outputs_equal_parallel_forward(name, norm_first, embedding):
+    model = _model(name, norm_first, embedding=embedding)
     tokens = torch.randint(0, 11, (3, 29))
     parallel = model(tokens)
     state, steps = None, []
@@ -67,6 +67,58 @@ def test_sinusoid_matches_formula():
             angle = p / 10000 ** (2 * i / 6)
             assert enc[r, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(angle)).item(), abs=1e-6)
             assert enc[r, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(angle)).item(), abs=1e-6)
+
+
+def _encoder_input(model, tokens):
+    """What the model feeds its encoder (eval: no dropout), by its parallel forward and by its
+    generation steps (a spy around the encoder's step; the real step still runs)."""
+    seen, steps = [], []
+    hook = model.encoder.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    model(tokens)
+    hook.remove()
+    step = model.encoder.step
+    model.encoder.step = lambda x, states=None: (steps.append(x), step(x, states))[1]
+    state = None
+    for t in range(tokens.shape[1]):
+        _, state = model.step(tokens[:, t], state)
+    del model.encoder.step
+    return seen[0], torch.stack(steps, 1)
+
+
+@pytest.mark.parametrize("embedding", ["sum", "concat"])
+def test_input_is_the_token_embedding_and_the_sinusoid_summed_or_concatenated(embedding):
+    """concat (the authors' scripts): [a d/2 token embedding, a d/2 sinusoid] per position, built
+    here by hand from the formula; sum: both d wide, added."""
+    model = _model("linear", embedding=embedding)
+    tokens = torch.randint(0, 11, (2, 9))
+    width = 16 if embedding == "concat" else 32
+    assert model.embed.weight.shape == (11, width)
+    i = torch.arange(9, dtype=torch.float64)[:, None]
+    angle = i / 10000 ** (torch.arange(0, width, 2, dtype=torch.float64) / width)  # (N, width / 2)
+    pe = torch.stack([angle.sin(), angle.cos()], -1).flatten(-2)  # (N, width): sin, cos interleaved
+    emb = model.embed.weight[tokens]  # (B, N, width)
+    reference = torch.cat([emb, pe.expand(2, -1, -1)], -1) if embedding == "concat" else emb + pe
+    parallel, stepwise = _encoder_input(model, tokens)
+    assert parallel.shape == (2, 9, 32)
+    torch.testing.assert_close(parallel, reference, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(stepwise, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_the_paper_presets_concatenate_and_other_presets_sum(compose_cfg):
+    from repro.tasks.image import build_model
+    for experiment, embedding in (("paper_mnist", "concat"), ("paper_copy", "concat"), ("mnist_cpu", "sum")):
+        cfg = compose_cfg(f"experiment={experiment}", "attention=linear", "model.n_layers=1")
+        assert cfg.model.embedding == embedding
+    model = build_model(compose_cfg("experiment=paper_mnist", "attention=linear"), n_layers=1)
+    assert model.embedding == "concat" and model.embed.weight.shape == (256, 128)
+
+
+def test_bad_embedding_settings_are_named():
+    att = instantiate(compose_group("attention", "linear"))
+    with pytest.raises(ValueError, match="unknown embedding 'stack'; valid: sum, concat"):
+        AutoregressiveTransformer(att, n_tokens=3, n_layers=1, d_model=8, n_heads=2, d_ff=8, embedding="stack")
+    with pytest.raises(ValueError, match="d_model must be a multiple of 4, got 6"):
+        AutoregressiveTransformer(att, n_tokens=3, n_layers=1, d_model=6, n_heads=2, d_ff=8, embedding="concat")
 
 
 def test_unknown_activation_is_named():

@@ -25,6 +25,8 @@ class SoftmaxAttention(AttentionLayer):
 
     sdpa_backend: None lets torch pick (a flash kernel on CPU and most GPUs: O(N) memory);
     "math" materialises the (N, N) matrix as the paper's 2020 baseline did.
+    attention_dropout: dropout on the attention weights, in training only (SDPA's dropout_p);
+    0 by default, 0.1 in the paper presets (the authors' scripts).
     """
 
     recurrent = True
@@ -34,6 +36,8 @@ class SoftmaxAttention(AttentionLayer):
         super().__init__(d_model, n_heads, d_keys, d_values)
         if sdpa_backend is not None and sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"softmax: unknown sdpa_backend {sdpa_backend!r}; valid: null, {', '.join(SDPA_BACKENDS)}")
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"softmax: attention_dropout must be in [0, 1); got {attention_dropout}")
         self.attention_dropout = attention_dropout
         self.sdpa_backend = sdpa_backend
         self.initial_cache = initial_cache

@@ -15,24 +15,45 @@ class GenerationState:
     layers: list = field(default_factory=list)
 
 
+EMBEDDINGS = ("sum", "concat")
+
+
 class AutoregressiveTransformer(nn.Module):
-    """tokens (B, N) -> outputs (B, N, d_out); output i sees tokens 0..i only."""
+    """tokens (B, N) -> outputs (B, N, d_out); output i sees tokens 0..i only.
+
+    The input at position i: embedding="sum" adds a d_model token embedding and a d_model
+    sinusoidal position encoding (Vaswani et al.); "concat" concatenates a d_model/2 token
+    embedding with a d_model/2 sinusoidal encoding, [embed(t_i), pe_i], as the authors' copy and
+    image scripts do."""
 
     def __init__(self, attention, n_tokens: int, d_out: int | None = None, n_layers: int = 4,
                  d_model: int = 256, n_heads: int = 8, d_ff: int = 1024, dropout: float = 0.1,
-                 activation: str = "relu", norm_first: bool = False, final_norm: bool = True):
+                 activation: str = "relu", norm_first: bool = False, final_norm: bool = True,
+                 embedding: str = "sum"):
         super().__init__()
-        self.d_model = d_model
-        self.embed = nn.Embedding(n_tokens, d_model)
+        if embedding not in EMBEDDINGS:
+            raise ValueError(f"model: unknown embedding {embedding!r}; valid: {', '.join(EMBEDDINGS)}")
+        if embedding == "concat" and d_model % 4:
+            raise ValueError(f"model: embedding=concat splits d_model in two sinusoid halves; "
+                             f"d_model must be a multiple of 4, got {d_model}")
+        self.d_model, self.embedding = d_model, embedding
+        self.d_position = d_model // 2 if embedding == "concat" else d_model  # width of the position encoding
+        self.embed = nn.Embedding(n_tokens, d_model - self.d_position if embedding == "concat" else d_model)
         self.dropout = nn.Dropout(dropout)
         self.encoder = Transformer(attention, n_layers, d_model, n_heads, d_ff, dropout, activation,
                                    norm_first, final_norm)
         self.head = nn.Linear(d_model, d_out or n_tokens)
 
+    def _input(self, embedded, pe):
+        """Token embeddings (..., d_embed) and position encodings (..., d_position) -> (..., d_model)."""
+        if self.embedding == "concat":
+            return torch.cat([embedded, pe.expand(*embedded.shape[:-1], -1)], -1)
+        return embedded + pe
+
     def forward(self, tokens, key_padding_mask=None):
         n = tokens.shape[1]
-        x = self.embed(tokens)
-        x = x + sinusoid(torch.arange(n, device=tokens.device), self.d_model).to(x.dtype)
+        x = self.embed(tokens)  # (B, N, d_embed)
+        x = self._input(x, sinusoid(torch.arange(n, device=tokens.device), self.d_position).to(x.dtype))
         x = self.encoder(self.dropout(x), causal=True, key_padding_mask=key_padding_mask)
         return self.head(x)
 
@@ -40,7 +61,7 @@ class AutoregressiveTransformer(nn.Module):
     def step(self, tokens, state: GenerationState | None = None):
         """tokens (B,) at the next position -> outputs (B, d_out), new state."""
         state = state or GenerationState()
-        x = self.embed(tokens) + self._position(state.position, tokens.device)
+        x = self._input(self.embed(tokens), self._position(state.position, tokens.device))  # (B, d_model)
         x, layers = self.encoder.step(self.dropout(x), state.layers or None)
         return self.head(x), GenerationState(state.position + 1, layers)
 
@@ -52,5 +73,5 @@ class AutoregressiveTransformer(nn.Module):
         dtype = self.embed.weight.dtype
         if table is None or table.shape[0] <= i or table.device != device or table.dtype != dtype:
             n = max(4096, 2 * i + 2)
-            self._pe = table = sinusoid(torch.arange(n, device=device), self.d_model).to(dtype)
+            self._pe = table = sinusoid(torch.arange(n, device=device), self.d_position).to(dtype)
         return table[i]
