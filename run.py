@@ -1,26 +1,13 @@
 """Entry point: python run.py task=... attention=... [-m for sweeps]. See README.md."""
-import re
 import sys
 
 import hydra
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
-from repro.config import CONF_DIR, ConfigError, group_options
+from repro.cli import preflight
+from repro.config import ConfigError
 from repro.training import distributed
-
-
-def check_group_choices(argv):
-    """Fail fast, in one line, on `group=name` naming no file in conf/<group>/ (Hydra's own
-    message for this lists its whole search path). Sweeps (a,b,c) are checked item by item."""
-    for arg in argv:
-        m = re.fullmatch(r"[+~]?([a-z_]+)=(.*)", arg)
-        if not m or not (CONF_DIR / m[1]).is_dir() or "(" in m[2]:
-            continue
-        valid = group_options(m[1])
-        for name in m[2].split(","):
-            if name not in valid and name != "null":
-                raise ConfigError(f"unknown {m[1]} {name!r}; valid: {', '.join(valid)}")
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -36,7 +23,8 @@ def main(cfg: DictConfig):
 
 if __name__ == "__main__":
     try:
-        check_group_choices(sys.argv[1:])
+        # Under torchrun rank 0 fixes the run dir for all ranks (below); each rank must not pick its own.
+        sys.argv[1:], _ = preflight(sys.argv[1:], pin_sweep_dir=distributed.env_world_size() <= 1)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -11,6 +11,19 @@ from .results import read_jsonl, write_jsonl
 
 
 class AggregateSweep(Callback):
+    def on_multirun_start(self, config, **kwargs):
+        # run.py fixed hydra.sweep.dir before Hydra started (repro.cli.preflight): every job,
+        # in whatever process or node a launcher runs it, writes under this one dir.
+        print(f"sweep dir: {Path(config.hydra.sweep.dir).resolve()}", flush=True)
+
+    def on_job_start(self, config, **kwargs):
+        from hydra.core.hydra_config import HydraConfig
+
+        from .training.distributed import is_main
+
+        if is_main() and HydraConfig.initialized():
+            print(f"run dir: {HydraConfig.get().runtime.output_dir}", flush=True)
+
     def on_job_end(self, config, job_return=None, **kwargs):
         from hydra.core.hydra_config import HydraConfig
 

@@ -1,7 +1,10 @@
-"""Sweeps through the launcher plugins (conf/hydra/launcher): the submitit launcher's local
-executor (the SLURM path, minus sbatch) and joblib run a tiny two-point copy sweep, each job in its
-own process, and the sweep ends aggregated. Also: the SLURM config composes with its overrides."""
+"""Sweeps through the launcher plugins (conf/hydra/launcher): the basic launcher, the submitit
+launcher's local executor (the SLURM path, minus sbatch) and joblib run a tiny two-point copy sweep
+(the last two each job in its own process) as a user would, without naming hydra.sweep.dir: every
+job lands in the one sweep dir announced, and the sweep ends aggregated there. Also: the SLURM
+config composes with its overrides."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,18 +20,27 @@ TINY = ["experiment=smoke_copy", "task.max_len=12", "task.batch_size=4", "model.
         "trainer.checkpoint=false", "trainer.progress=false"]
 
 
-def hydra_run(cwd, *args):
+def hydra_run(cwd, *args, check=True):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=cwd, env=env, capture_output=True,
                          text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
+    assert out.returncode == 0 or not check, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
 
 
-@pytest.mark.parametrize("launcher", ["slurm_local", "joblib_cpu"])
+def announced_sweep_dir(stdout) -> Path:
+    (line,) = re.findall(r"^sweep dir: (.+)$", stdout, re.M)
+    return Path(line)
+
+
+@pytest.mark.parametrize("launcher", ["basic", "slurm_local", "joblib_cpu"])
 def test_sweep_through_launcher_completes_and_aggregates(tmp_path, launcher):
-    sweep = tmp_path / "sweep"
-    hydra_run(tmp_path, "-m", f"hydra/launcher={launcher}", *TINY, "seed=0,1", f"hydra.sweep.dir={sweep}")
+    out = hydra_run(tmp_path, "-m", f"hydra/launcher={launcher}", *TINY, "seed=0,1").stdout
+    sweep = announced_sweep_dir(out)
+    # the one dir the launcher announced, and no other: each worker used to resolve ${uid:} again
+    assert list((tmp_path / "multirun").glob("*/*")) == [sweep]
+    if launcher != "slurm_local":  # (submitit jobs print to their own log files)
+        assert sorted(re.findall(r"^run dir: (.+)$", out, re.M)) == [str(sweep / "0"), str(sweep / "1")]
     rows = read_jsonl(sweep / "copy.jsonl")
     finals = [r for r in rows if r["kind"] == "final"]
     assert sorted(r["seed"] for r in finals) == [0, 1] and all(r["status"] == "ok" for r in finals)
