@@ -107,6 +107,19 @@ def default_group(cfg) -> str | None:
     return hc.runtime.choices.get("experiment")
 
 
+def run_config(cfg) -> dict:
+    """The run's settings as plain data, resolved: every top-level node but `hydra`, which
+    Hydra's callbacks pass too and which holds values only a sweep's job has (hydra.job.num)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    out = {}
+    for key in cfg:
+        if key != "hydra":
+            value = cfg[key]  # a scalar interpolation resolves here
+            out[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+    return out
+
+
 def make_logger(cfg, run_dir, **overrides):
     """The logger of conf/logger for this run, given the resolved config to record."""
     from hydra.utils import get_class
@@ -119,7 +132,7 @@ def make_logger(cfg, run_dir, **overrides):
     if cls is WandbLogger and kwargs.get("group") is None:
         kwargs["group"] = default_group(cfg)
     kwargs.update(overrides)
-    return cls(run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True), **kwargs)
+    return cls(run_dir=run_dir, run_config=run_config(cfg), **kwargs)
 
 
 def publish_dir(cfg, out_dir, max_rows: int = 10_000, **overrides) -> bool:
