@@ -6,13 +6,16 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
 from repro.cli import preflight
-from repro.config import ConfigError
+from repro.config import ConfigError, in_multirun
 from repro.training import distributed
+from repro.validate import validate
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig):
     try:
+        if in_multirun():  # a single run's config was validated before Hydra started (preflight)
+            validate(cfg)
         return hydra.utils.get_method(cfg.task._target_)(cfg)
     except (ConfigError, InstantiationException) as err:
         # A bad value in the config is the user's to fix: one line, no traceback.
