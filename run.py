@@ -6,7 +6,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
 from repro.cli import preflight
-from repro.config import ConfigError, in_multirun
+from repro.config import ConfigError, RunFailed, in_multirun
 from repro.training import distributed
 from repro.validate import validate
 
@@ -22,6 +22,9 @@ def main(cfg: DictConfig):
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
         print(f"error: {str(cause).strip().splitlines()[-1]}", file=sys.stderr)
         sys.exit(2)
+    except RunFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import sys
 import pandas as pd
 import pytest
 
+from repro.config import RunFailed
 from repro.results import REPO, read_jsonl
 from repro.tasks import benchmark
 from repro.tasks.benchmark_point import measure_safely
@@ -35,10 +36,22 @@ def test_in_process_run_writes_rows_table_and_plot(compose_cfg, tmp_path):
 def test_timeout_is_a_row_and_longer_lengths_are_skipped(compose_cfg, tmp_path):
     cfg = compose_cfg(*TINY, "task.isolate=false", "task.attentions=[linear]", "task.time_budget_s=1e-6",
                       f"+run_dir={tmp_path}")
-    benchmark.run(cfg)
+    with pytest.raises(RunFailed, match="no benchmark point succeeded"):
+        benchmark.run(cfg)
     rows = read_jsonl(tmp_path / "results.jsonl")
     assert [r["status"] for r in rows] == ["timeout", "timeout"]
     assert rows[1]["reason"] == "skipped: timeout at N=16"
+
+
+def test_a_benchmark_whose_every_point_failed_says_why_and_exits_nonzero(tmp_path):
+    proc = run_py(*TINY, "task.isolate=false", "task.attentions=[linear]", "task.time_budget_s=1e-6",
+                  f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert any(line.startswith("linear N=16: timeout: one pass took ") for line in lines), proc.stderr
+    assert "linear N=32: timeout: skipped: timeout at N=16" in lines
+    assert lines[-1].startswith("error: no benchmark point succeeded (2 failed, reasons above)")
+    assert [r["status"] for r in read_jsonl(tmp_path / "results.jsonl")] == ["timeout", "timeout"]  # still written
 
 
 def test_out_of_memory_in_process_is_a_row():

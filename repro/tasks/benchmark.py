@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from ..config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
+from ..config import ConfigError, RunFailed, building_from_config, compose_group, parse_device, parse_dtype, run_dir
 from ..logging import make_logger
 from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv, save_figure, write_jsonl
 from .benchmark_point import measure_safely
@@ -137,6 +137,8 @@ def run(cfg) -> float:
             row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
                    "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal),
                    "dtype": dtype, "seed": cfg.seed, **result, **meta}
+        if row["status"] != "ok":
+            tqdm.write(f"{name} N={n}: {row['status']}: {row.get('reason', '')}", file=sys.stderr)
         if row["status"] in FAILED and name not in failed:
             failed[name] = (row["status"], n)
         rows.append(row)
@@ -148,6 +150,8 @@ def run(cfg) -> float:
     logger.log_table("benchmark", rows)
     logger.log_image("benchmark_plot", out / "benchmark.png")
     logger.finish()
+    if not any(r["status"] == "ok" for r in rows):
+        raise RunFailed(f"no benchmark point succeeded ({len(rows)} failed, reasons above); rows in {out / 'results.jsonl'}")
     return summary.get("headline", float("nan"))
 
 
