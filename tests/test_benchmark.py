@@ -1,12 +1,13 @@
 """task=benchmark end to end at tiny sizes: rows, failure rows, aggregation, multirun."""
 import json
+import re
 import subprocess
 import sys
 
 import pandas as pd
 import pytest
 
-from repro.config import RunFailed
+from repro.config import ConfigError, RunFailed
 from repro.results import REPO, read_jsonl
 from repro.tasks import benchmark
 from repro.tasks.benchmark_point import measure_safely
@@ -129,3 +130,17 @@ def test_rerun_in_the_same_dir_resumes_without_measuring_again(compose_cfg, tmp_
     assert again[0] == rows[0]  # kept as it was, not re-measured
     assert [r["n"] for r in again] == [16, 32] and again[1]["status"] == "ok"
     assert again[1]["time"] >= rows[1]["time"]
+
+
+@pytest.mark.parametrize("change, named", [
+    ("model.d_model=32", "model.d_model=64 (now 32)"),
+    ("task.tokens=128", "task.tokens=64 (now 128)"),
+    ("attention.eps=1e-3", "eps=1e-06 (now 0.001)"),
+])
+def test_rerun_in_the_same_dir_with_other_settings_is_refused(compose_cfg, tmp_path, change, named):
+    base = (*TINY, "task.isolate=false", "task.lengths=[16]", "attention=linear", f"+run_dir={tmp_path}")
+    benchmark.run(compose_cfg(*base))
+    before = (tmp_path / "results.jsonl").read_text()
+    with pytest.raises(ConfigError, match=r"results.jsonl holds rows measured with other settings: .*" + re.escape(named)):
+        benchmark.run(compose_cfg(*base, change))
+    assert (tmp_path / "results.jsonl").read_text() == before  # the old rows untouched

@@ -88,6 +88,31 @@ def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
     return {"status": "error", "reason": f"exit {proc.returncode}: {last[:200]}"}
 
 
+# the row's name of each setting -> the config key that sets it (for the message below)
+SETTING_KEYS = {"d_model": "model.d_model", "n_heads": "model.n_heads", "causal": "task.causal", "dtype": "task.dtype",
+                "tokens": "task.tokens", "warmup": "task.warmup", "max_repeats": "task.repeats",
+                "time_budget_s": "task.time_budget_s", "memory_limit_gb": "task.memory_limit_gb",
+                "isolated": "task.isolate", "seed": "seed", "device": "device (the machine and its threads)"}
+
+
+def _attention_settings(att: dict) -> dict:
+    return {k: v for k, v in att.items() if k != "_partial_"}
+
+
+def _check_resume(old_rows, settings: dict, per_attention: dict, path):
+    """Refuse, in one line, to resume from rows measured with other settings: their points
+    would be kept and plotted beside new ones as if comparable."""
+    for r in old_rows:
+        diffs = [f"{SETTING_KEYS[k]}={r.get(k, 'not recorded')!r} (now {v!r})" for k, v in settings.items() if r.get(k, "?") != v]
+        mine, theirs = per_attention.get(r["attention"]), r.get("attention_settings") or {}
+        if mine is not None and theirs != mine:
+            diffs += [f"attention {r['attention']} {k}={theirs.get(k, 'not recorded')!r} (now {mine.get(k)!r})"
+                      for k in dict.fromkeys([*theirs, *mine]) if theirs.get(k) != mine.get(k)]
+        if diffs:
+            raise ConfigError(f"{path} holds rows measured with other settings: {'; '.join(diffs)}; rerun with "
+                              f"those settings to resume it, or in a new run dir")
+
+
 def _validate(t):
     if t.tokens < 1 or t.warmup < 0 or t.repeats < 1 or t.time_budget_s <= 0:
         raise ConfigError(f"task: tokens and repeats must be >= 1, warmup >= 0, time_budget_s > 0; "
@@ -112,16 +137,22 @@ def run(cfg) -> float:
     logger = make_logger(cfg, out)
     meta = provenance(device)
 
+    # What a measurement depends on besides its point (attention, N): every row records it.
+    settings = {"d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal), "dtype": dtype,
+                "tokens": t.tokens, "warmup": t.warmup, "max_repeats": t.repeats, "time_budget_s": t.time_budget_s,
+                "memory_limit_gb": t.memory_limit_gb, "isolated": isolate, "seed": cfg.seed, "device": meta["device"]}
+    per_attention = {name: _attention_settings(att) for name, att in attentions}
     # Resume: rows already in this run dir (an interrupted run, rerun with hydra.run.dir=<its dir>)
-    # are kept and their points not measured again.
-    done = {(r["attention"], r["n"], r["dtype"], r["causal"]): r for r in
-            (read_jsonl(out / "results.jsonl") if (out / "results.jsonl").exists() else [])}
+    # are kept and their points not measured again, if measured with these same settings.
+    old = read_jsonl(out / "results.jsonl") if (out / "results.jsonl").exists() else []
+    _check_resume(old, settings, per_attention, out / "results.jsonl")
+    done = {(r["attention"], r["n"]): r for r in old}
     rows = []
     points = [(a, n) for a in attentions for n in lengths]
     failed: dict[str, tuple[str, int]] = {}  # attention -> (status, N) of its first failure
     for i, ((name, att), n) in enumerate(tqdm(points, desc="benchmark", unit="point", dynamic_ncols=True)):
         batch = max(1, t.tokens // n)
-        row = done.get((name, n, dtype, bool(t.causal)))
+        row = done.get((name, n))
         if row is None:
             spec = {"attention": att, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "n": n,
                     "batch": batch, "causal": bool(t.causal), "dtype": dtype, "device": str(device),
@@ -135,8 +166,7 @@ def run(cfg) -> float:
             else:
                 result = measure_safely(spec)
             row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
-                   "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal),
-                   "dtype": dtype, "seed": cfg.seed, **result, **meta}
+                   **settings, "attention_settings": per_attention[name], **result, **meta}
         if row["status"] != "ok":
             tqdm.write(f"{name} N={n}: {row['status']}: {row.get('reason', '')}", file=sys.stderr)
         if row["status"] in FAILED and name not in failed:
