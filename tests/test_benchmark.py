@@ -144,3 +144,37 @@ def test_rerun_in_the_same_dir_with_other_settings_is_refused(compose_cfg, tmp_p
     with pytest.raises(ConfigError, match=r"results.jsonl holds rows measured with other settings: .*" + re.escape(named)):
         benchmark.run(compose_cfg(*base, change))
     assert (tmp_path / "results.jsonl").read_text() == before  # the old rows untouched
+
+
+def test_a_killed_benchmark_leaves_no_point_running(tmp_path):
+    """SIGKILL to run.py (no chance to clean up): the isolated point's process goes too."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    parent = subprocess.Popen([sys.executable, "run.py", "task.attentions=[softmax-math]", "task.lengths=[2048]",
+                               "task.tokens=4096", "task.warmup=0", "task.repeats=100", "task.time_budget_s=600",
+                               "task.isolate=true", f"hydra.run.dir={tmp_path}"], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    point = None
+    try:
+        for _ in range(600):  # the point's process appears once run.py has started (a few seconds)
+            kids = [p for p in psutil.Process(parent.pid).children() if "repro.tasks.benchmark_point" in p.cmdline()]
+            if kids:
+                point = kids[0]
+                break
+            time.sleep(0.05)
+        assert point is not None, "the benchmark started no point process"
+        time.sleep(0.5)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        gone, alive = psutil.wait_procs([point], timeout=10)
+        assert not alive, "the point outlived its benchmark"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if point is not None and point.is_running():
+            point.kill()

@@ -6,6 +6,7 @@ One run measures task.attentions (or the `attention` chosen on the command line)
 multirun over attention and lengths aggregates all its jobs at the end (repro.callbacks).
 """
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from ..config import ConfigError, RunFailed, building_from_config, compose_group, parse_device, parse_dtype, run_dir
 from ..logging import make_logger
 from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv, save_figure, write_jsonl
-from .benchmark_point import measure_safely
+from .benchmark_point import PARENT_ENV, measure_safely
 
 FAILED = ("oom", "timeout", "error")
 METRICS = ("time_ms", "time_per_sample_ms", "peak_mem_mb", "mem_per_sample_mb")
@@ -60,24 +61,29 @@ def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
     """measure() in a fresh Python process, killed when it passes the memory limit (an 'oom'
     row, before the kernel's OOM killer hits the machine) or the time limit."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        # The point dies with this process: killed here on any exception (Ctrl-C), and by the
+        # kernel when this process is killed outright (benchmark_point.die_with_parent).
         proc = subprocess.Popen([sys.executable, "-m", "repro.tasks.benchmark_point", json.dumps(spec)],
-                                cwd=REPO, stdout=out, stderr=err, text=True)
-        ps, began, killed = psutil.Process(proc.pid), time.monotonic(), None
-        while proc.poll() is None:
-            try:
-                rss = ps.memory_info().rss
-            except psutil.NoSuchProcess:
-                break
-            if rss > memory_limit:
-                killed = {"status": "oom", "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
-            elif time.monotonic() - began > timeout:
-                killed = {"status": "timeout", "reason": f"still running after {timeout:.0f} s"}
-            if killed:
+                                cwd=REPO, stdout=out, stderr=err, text=True,
+                                env={**os.environ, PARENT_ENV: str(os.getpid())})
+        try:
+            ps, began, killed = psutil.Process(proc.pid), time.monotonic(), None
+            while proc.poll() is None:
+                try:
+                    rss = ps.memory_info().rss
+                except psutil.NoSuchProcess:
+                    break
+                if rss > memory_limit:
+                    killed = {"status": "oom", "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
+                elif time.monotonic() - began > timeout:
+                    killed = {"status": "timeout", "reason": f"still running after {timeout:.0f} s"}
+                if killed:
+                    return killed
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:
                 proc.kill()
-                proc.wait()
-                return killed
-            time.sleep(0.02)
-        proc.wait()
+            proc.wait()
         out.seek(0), err.seek(0)
         stdout, stderr = out.read().strip(), err.read().strip()
     if proc.returncode == 0 and stdout:
