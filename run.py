@@ -2,29 +2,26 @@
 import sys
 
 import hydra
-from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
+from repro import jobs
 from repro.cli import preflight
-from repro.config import ConfigError, RunFailed, in_multirun
+from repro.config import ConfigError, in_multirun
+from repro.logging import tee_to_job_log
 from repro.training import distributed
 from repro.validate import validate
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig):
-    try:
-        if in_multirun():  # a single run's config was validated before Hydra started (preflight)
-            validate(cfg)
-        return hydra.utils.get_method(cfg.task._target_)(cfg)
-    except (ConfigError, InstantiationException) as err:
-        # A bad value in the config is the user's to fix: one line, no traceback.
-        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
-        print(f"error: {str(cause).strip().splitlines()[-1]}", file=sys.stderr)
-        sys.exit(2)
-    except RunFailed as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+    with tee_to_job_log():  # what the job prints goes to <run dir>/run.log too
+        jobs.job_started()
+        try:
+            if in_multirun():  # a single run's config was validated before Hydra started (preflight)
+                validate(cfg)
+            return hydra.utils.get_method(cfg.task._target_)(cfg)
+        except Exception as err:  # noqa: BLE001 (jobs.job_failed re-raises what is not the user's to fix)
+            return jobs.job_failed(err)
 
 
 if __name__ == "__main__":
@@ -39,3 +36,5 @@ if __name__ == "__main__":
         main()
     finally:
         distributed.cleanup()
+    if jobs.failed_jobs:  # a sweep that went on past failed jobs (listed at its end) still fails
+        sys.exit(1)

@@ -2,6 +2,7 @@
 sweep directory and let the task aggregate them (one CSV, one plot, one table). With
 logger=wandb, each job's and the sweep's CSVs and figures go to wandb as tables and images."""
 import importlib
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -49,3 +50,11 @@ class AggregateSweep(Callback):
             from .logging import publish_dir
 
             publish_dir(config, sweep_dir, group=sweep_dir.name, job_type="sweep", name=f"{sweep_dir.name}-aggregate")
+        from . import jobs
+
+        jobs.failed_jobs[:] = jobs.sweep_failures(sweep_dir)
+        if jobs.failed_jobs:
+            n = len([d for d in sweep_dir.iterdir() if (d / ".hydra").is_dir()])
+            print(f"\nerror: {len(jobs.failed_jobs)} of {n} jobs of the sweep failed:", file=sys.stderr)
+            for job in jobs.failed_jobs:
+                print(f"  #{job['job']} {' '.join(job['overrides'])}: {job['error']}", file=sys.stderr)

@@ -15,9 +15,9 @@ from repro.tasks.benchmark_point import measure_safely
 TINY = ["model=tiny", "task.tokens=64", "task.repeats=1", "task.warmup=0", "task.lengths=[16,32]"]
 
 
-def run_py(*args, timeout=240):
+def run_py(*args, timeout=240, umask=-1):
     return subprocess.run([sys.executable, "run.py", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, umask=umask)
 
 
 def test_in_process_run_writes_rows_table_and_plot(compose_cfg, tmp_path):
@@ -46,13 +46,18 @@ def test_timeout_is_a_row_and_longer_lengths_are_skipped(compose_cfg, tmp_path):
 
 def test_a_benchmark_whose_every_point_failed_says_why_and_exits_nonzero(tmp_path):
     proc = run_py(*TINY, "task.isolate=false", "task.attentions=[linear]", "task.time_budget_s=1e-6",
-                  f"hydra.run.dir={tmp_path}")
+                  f"hydra.run.dir={tmp_path}", umask=0o002)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert any(line.startswith("linear N=16: timeout: one pass took ") for line in lines), proc.stderr
     assert "linear N=32: timeout: skipped: timeout at N=16" in lines
     assert lines[-1].startswith("error: no benchmark point succeeded (2 failed, reasons above)")
     assert [r["status"] for r in read_jsonl(tmp_path / "results.jsonl")] == ["timeout", "timeout"]  # still written
+    # summary.json is strict JSON (no bare NaN: null), and every file is as the umask says (not mkstemp's 0600)
+    summary = json.loads((tmp_path / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert summary["headline"] is None
+    for name in ("results.jsonl", "summary.json", "benchmark.csv", "benchmark.png", "table.txt"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o664, name
 
 
 def test_out_of_memory_in_process_is_a_row():

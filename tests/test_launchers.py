@@ -69,3 +69,33 @@ def test_slurm_config_takes_cluster_overrides(compose_cfg):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             compose(config_name="config", return_hydra_config=True,
                     overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_nod=4"])
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib_cpu"])
+def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path, launcher):
+    """linformer cannot be causal: its job fails, the linear job still runs, the sweep is
+    aggregated, the failure listed at the end, and the exit status is 1."""
+    proc = hydra_run(tmp_path, "-m", f"hydra/launcher={launcher}", *TINY, "attention=linformer,linear", check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep = announced_sweep_dir(proc.stdout)
+    assert read_jsonl(sweep / "0/failed.json")[0]["error"].startswith("attention linformer is non-causal only")
+    assert pd.read_csv(sweep / "copy_final.csv").attention.tolist() == ["linear"]
+    lines = proc.stderr.splitlines()
+    i = lines.index("error: 1 of 2 jobs of the sweep failed:")
+    assert lines[i + 1].startswith("  #0 ") and "attention=linformer: attention linformer is non-causal only" in lines[i + 1]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_run_prints_its_dir_and_logs_to_run_log(tmp_path):
+    out = hydra_run(tmp_path, *TINY, "seed=3").stdout
+    assert out.startswith("run dir: "), out[:500]
+    run_dir = Path(out.splitlines()[0].removeprefix("run dir: "))
+    log = (run_dir / "run.log").read_text()  # Hydra's job log: what the run printed, as log lines
+    assert "copy linear N=12 seed=3: ok, step 2" in log and "[stdout][INFO] - " in log
+
+
+def test_a_command_failing_after_its_run_dir_was_made_removes_it(tmp_path):
+    # a task's own check, after Hydra made the run dir: the dir holds only Hydra's files
+    proc = hydra_run(tmp_path, "task=asr", "model=wsj_tiny", "task.source=kaldi", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: task.source=kaldi needs task.train_dir", proc.stderr
+    assert not list(tmp_path.iterdir())

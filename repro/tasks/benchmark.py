@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ..config import ConfigError, RunFailed, building_from_config, compose_group, parse_device, parse_dtype, run_dir
 from ..logging import make_logger
-from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv, save_figure, write_jsonl
+from ..results import REPO, atomic_write, json_text, provenance, read_jsonl, rows_to_csv, save_figure, write_jsonl
 from .benchmark_point import PARENT_ENV, measure_safely
 
 FAILED = ("oom", "timeout", "error")
@@ -298,7 +298,7 @@ def aggregate(rows, out_dir, publish=None) -> dict:
     targets = [out_dir] + ([REPO / publish] if publish else [])
     for d in targets:
         atomic_write(d / "benchmark.csv", rows_to_csv(rows))
-        atomic_write(d / "summary.json", json.dumps(summary, indent=2))
+        atomic_write(d / "summary.json", json_text(summary, indent=2))
         atomic_write(d / "table.txt", text + "\n")
         _plot(df, d / "benchmark.png")
     return summary
