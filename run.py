@@ -27,7 +27,7 @@ def main(cfg: DictConfig):
 if __name__ == "__main__":
     try:
         # Under torchrun rank 0 fixes the run dir for all ranks (below); each rank must not pick its own.
-        sys.argv[1:], _ = preflight(sys.argv[1:], pin_sweep_dir=distributed.env_world_size() <= 1)
+        sys.argv[1:] = preflight(sys.argv[1:], pin_sweep_dir=distributed.env_world_size() <= 1)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

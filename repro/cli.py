@@ -107,13 +107,13 @@ def _load(loader, overrides, multirun: bool):
 
 
 def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "'" + value.replace("'", "\\'") + "'"
 
 
-def preflight(argv: list[str], pin_sweep_dir: bool = True) -> tuple[list[str], DictConfig | None]:
-    """Check the command line (argv without the program); returns it, with the sweep dir fixed
-    for a multirun, and the composed config of a single run (None for a multirun, whose jobs
-    each compose their own). Raises ConfigError."""
+def preflight(argv: list[str], pin_sweep_dir: bool = True) -> list[str]:
+    """Check the command line (argv without the program) and, for a single run, the config it
+    composes (a sweep's jobs are validated as each starts); returns it, with the sweep dir
+    fixed for a multirun. Raises ConfigError."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -123,13 +123,13 @@ def preflight(argv: list[str], pin_sweep_dir: bool = True) -> tuple[list[str], D
 
     check_group_choices(argv)
     if any(a.split("=", 1)[0] in HYDRA_FLAGS for a in argv):
-        return argv, None  # printing help or the config: Hydra's business
+        return argv  # printing help or the config: Hydra's business
     multirun = is_multirun(argv)
     args = [a for a in argv if not a.startswith("-")]
     try:
         overrides = OverridesParser.create().parse_overrides(args)
     except HydraException:
-        return argv, None  # a syntax error: Hydra's own message names it
+        return argv  # a syntax error: Hydra's own message names it
     setup_globals()  # Hydra's ${now:} and ${hydra:} resolvers
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
@@ -140,7 +140,7 @@ def preflight(argv: list[str], pin_sweep_dir: bool = True) -> tuple[list[str], D
             preset = _load(loader, [f"{o.get_key_element()}={_values(o)[0]}" if o.is_sweep_override()
                                     else o.input_line for o in groups], multirun=False)
         except HydraException:
-            return argv, None  # Hydra's own message says what is wrong
+            return argv  # Hydra's own message says what is wrong
         for o in overrides:
             key = o.key_or_group
             if any(o is g for g in groups) or o.is_hydra_override() or o.is_add():
@@ -151,21 +151,25 @@ def preflight(argv: list[str], pin_sweep_dir: bool = True) -> tuple[list[str], D
                 near = nearest_key(preset, key)
                 raise ConfigError(f"{key} is not a setting of this config" + (f"; nearest: {near}" if near else "")
                                   + f" (to add a new key: +{o.input_line.lstrip('+')})")
+            try:
+                was = OmegaConf.select(preset, key)
+            except Exception:  # noqa: BLE001 (an interpolation only Hydra's runtime resolves: no type to check)
+                was = None
             for value in _values(o):
-                why = _type_error(key, value, OmegaConf.select(preset, key))
+                why = _type_error(key, value, was)
                 if why:
                     raise ConfigError(f"{key}={value!r}: {why}")
         try:
             cfg = _load(loader, args, multirun)
         except HydraException:
-            return argv, None
+            return argv
     multirun = multirun or cfg.hydra.mode == RunMode.MULTIRUN
     if not multirun:
         from .validate import validate
 
         validate(cfg)
-        return argv, cfg
+        return argv
     if pin_sweep_dir:
         sweep_dir = str(cfg.hydra.sweep.dir)  # resolves ${now:} and ${uid:}, once
         argv = [a for a in argv if not a.startswith("hydra.sweep.dir=")] + [f"hydra.sweep.dir={_quote(sweep_dir)}"]
-    return argv, None
+    return argv

@@ -71,11 +71,11 @@ def test_slurm_config_takes_cluster_overrides(compose_cfg):
                     overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_nod=4"])
 
 
-@pytest.mark.parametrize("launcher", ["basic", "joblib_cpu"])
-def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path, launcher):
+def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     """linformer cannot be causal: its job fails, the linear job still runs, the sweep is
-    aggregated, the failure listed at the end, and the exit status is 1."""
-    proc = hydra_run(tmp_path, "-m", f"hydra/launcher={launcher}", *TINY, "attention=linformer,linear", check=False)
+    aggregated, the failure listed at the end, and the exit status is 1. (The record is a file in
+    the job's dir, read by the launching process: the same for every launcher.)"""
+    proc = hydra_run(tmp_path, "-m", *TINY, "attention=linformer,linear", check=False)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = announced_sweep_dir(proc.stdout)
     assert read_jsonl(sweep / "0/failed.json")[0]["error"].startswith("attention linformer is non-causal only")
