@@ -18,6 +18,7 @@ from hydra.errors import InstantiationException
 
 from .config import ConfigError, RunFailed, in_multirun
 from .results import atomic_write
+from .training.distributed import is_main
 
 FAILED_FILE = "failed.json"
 failed_jobs: list[dict] = []  # in the launching process, after a sweep: its failed jobs
@@ -67,7 +68,8 @@ def job_failed(err: Exception):
         atomic_write(out / FAILED_FILE, json.dumps({"overrides": list(HydraConfig.get().overrides.task),
                                                     "error": line}) + "\n")
         return None
-    _remove_if_empty(out)
+    if is_main():  # one rank removes it
+        _remove_if_empty(out)
     sys.exit(1 if isinstance(err, RunFailed) else 2)
 
 
@@ -76,7 +78,7 @@ def _remove_if_empty(run_dir: Path):
     parents that this left empty, up to the working directory."""
     if not run_dir.is_dir() or any(p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()):
         return
-    shutil.rmtree(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
     cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent
     while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
         parent.rmdir()
