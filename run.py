@@ -1,42 +1,33 @@
 """Entry point: python run.py task=... attention=... [-m for sweeps]. See README.md."""
-import re
 import sys
 
 import hydra
-from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
-from repro.config import CONF_DIR, ConfigError, group_options
+from repro import jobs
+from repro.cli import preflight
+from repro.config import ConfigError, in_multirun
+from repro.logging import tee_to_job_log
 from repro.training import distributed
-
-
-def check_group_choices(argv):
-    """Fail fast, in one line, on `group=name` naming no file in conf/<group>/ (Hydra's own
-    message for this lists its whole search path). Sweeps (a,b,c) are checked item by item."""
-    for arg in argv:
-        m = re.fullmatch(r"[+~]?([a-z_]+)=(.*)", arg)
-        if not m or not (CONF_DIR / m[1]).is_dir() or "(" in m[2]:
-            continue
-        valid = group_options(m[1])
-        for name in m[2].split(","):
-            if name not in valid and name != "null":
-                raise ConfigError(f"unknown {m[1]} {name!r}; valid: {', '.join(valid)}")
+from repro.validate import validate
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig):
-    try:
-        return hydra.utils.get_method(cfg.task._target_)(cfg)
-    except (ConfigError, InstantiationException) as err:
-        # A bad value in the config is the user's to fix: one line, no traceback.
-        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
-        print(f"error: {str(cause).strip().splitlines()[-1]}", file=sys.stderr)
-        sys.exit(2)
+    with tee_to_job_log():  # what the job prints goes to <run dir>/run.log too
+        jobs.job_started()
+        try:
+            if in_multirun():  # a single run's config was validated before Hydra started (preflight)
+                validate(cfg)
+            return hydra.utils.get_method(cfg.task._target_)(cfg)
+        except Exception as err:  # noqa: BLE001 (jobs.job_failed re-raises what is not the user's to fix)
+            return jobs.job_failed(err)
 
 
 if __name__ == "__main__":
     try:
-        check_group_choices(sys.argv[1:])
+        # Under torchrun rank 0 fixes the run dir for all ranks (below); each rank must not pick its own.
+        sys.argv[1:] = preflight(sys.argv[1:], pin_sweep_dir=distributed.env_world_size() <= 1)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -45,3 +36,5 @@ if __name__ == "__main__":
         main()
     finally:
         distributed.cleanup()
+    if jobs.failed_jobs:  # a sweep that went on past failed jobs (listed at its end) still fails
+        sys.exit(1)

@@ -2,6 +2,7 @@
 sweep directory and let the task aggregate them (one CSV, one plot, one table). With
 logger=wandb, each job's and the sweep's CSVs and figures go to wandb as tables and images."""
 import importlib
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -11,6 +12,19 @@ from .results import read_jsonl, write_jsonl
 
 
 class AggregateSweep(Callback):
+    def on_multirun_start(self, config, **kwargs):
+        # run.py fixed hydra.sweep.dir before Hydra started (repro.cli.preflight): every job,
+        # in whatever process or node a launcher runs it, writes under this one dir.
+        print(f"sweep dir: {Path(config.hydra.sweep.dir).resolve()}", flush=True)
+
+    def on_job_start(self, config, **kwargs):
+        from hydra.core.hydra_config import HydraConfig
+
+        from .training.distributed import is_main
+
+        if is_main() and HydraConfig.initialized():
+            print(f"run dir: {HydraConfig.get().runtime.output_dir}", flush=True)
+
     def on_job_end(self, config, job_return=None, **kwargs):
         from hydra.core.hydra_config import HydraConfig
 
@@ -36,3 +50,11 @@ class AggregateSweep(Callback):
             from .logging import publish_dir
 
             publish_dir(config, sweep_dir, group=sweep_dir.name, job_type="sweep", name=f"{sweep_dir.name}-aggregate")
+        from . import jobs
+
+        jobs.failed_jobs[:] = jobs.sweep_failures(sweep_dir)
+        if jobs.failed_jobs:
+            n = len([d for d in sweep_dir.iterdir() if (d / ".hydra").is_dir()])
+            print(f"\nerror: {len(jobs.failed_jobs)} of {n} jobs of the sweep failed:", file=sys.stderr)
+            for job in jobs.failed_jobs:
+                print(f"  #{job['job']} {' '.join(job['overrides'])}: {job['error']}", file=sys.stderr)

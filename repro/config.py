@@ -20,6 +20,11 @@ class ConfigError(ValueError):
     """A bad value in the user's config: run.py prints it as one line, without a traceback."""
 
 
+class RunFailed(RuntimeError):
+    """A run that went through but produced no result (every point of a benchmark failed):
+    its rows are written; run.py prints this as one line and exits 1."""
+
+
 @contextmanager
 def building_from_config():
     """Wrap the building of modules from the config: a ValueError raised there (a constructor

@@ -7,8 +7,11 @@ wandb run (its id travels in the checkpoint). At the end of a job (and of a swee
 aggregation) repro.callbacks logs the CSVs and PNGs of its directory: tables and figures.
 """
 import csv
+import logging
 import math
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 RUN_ID_FILE = "wandb_run_id"  # in a run dir: the wandb run its rows went to
@@ -107,6 +110,19 @@ def default_group(cfg) -> str | None:
     return hc.runtime.choices.get("experiment")
 
 
+def run_config(cfg) -> dict:
+    """The run's settings as plain data, resolved: every top-level node but `hydra`, which
+    Hydra's callbacks pass too and which holds values only a sweep's job has (hydra.job.num)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    out = {}
+    for key in cfg:
+        if key != "hydra":
+            value = cfg[key]  # a scalar interpolation resolves here
+            out[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+    return out
+
+
 def make_logger(cfg, run_dir, **overrides):
     """The logger of conf/logger for this run, given the resolved config to record."""
     from hydra.utils import get_class
@@ -119,7 +135,7 @@ def make_logger(cfg, run_dir, **overrides):
     if cls is WandbLogger and kwargs.get("group") is None:
         kwargs["group"] = default_group(cfg)
     kwargs.update(overrides)
-    return cls(run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True), **kwargs)
+    return cls(run_dir=run_dir, run_config=run_config(cfg), **kwargs)
 
 
 def publish_dir(cfg, out_dir, max_rows: int = 10_000, **overrides) -> bool:
@@ -149,3 +165,40 @@ def publish_dir(cfg, out_dir, max_rows: int = 10_000, **overrides) -> bool:
             logger.log_image(f"figures/{path.stem}", path)
     logger.finish()
     return True
+
+
+class _Tee:
+    """A text stream that also hands each complete line to logging handlers (the job's log file)."""
+
+    def __init__(self, stream, name: str, level: int, handlers):
+        self.stream, self.name, self.level, self.handlers, self.pending = stream, name, level, handlers, ""
+
+    def write(self, text):
+        n = self.stream.write(text)
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            line = line.rsplit("\r", 1)[-1]  # a progress bar's line: its last state
+            if line.strip():
+                record = logging.LogRecord(self.name, self.level, __file__, 0, line, None, None)
+                for handler in self.handlers:
+                    handler.handle(record)
+        return n
+
+    def __getattr__(self, name):  # flush, isatty, fileno, encoding...: the stream's own
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def tee_to_job_log():
+    """While a job runs, what it prints (stdout, and stderr) also goes to the log file Hydra
+    opens in its run dir (<run dir>/run.log), as log lines: the tasks print rather than log."""
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if not handlers:
+        yield
+        return
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(out, "stdout", logging.INFO, handlers), _Tee(err, "stderr", logging.INFO, handlers)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err

@@ -2,6 +2,7 @@
 written atomically (temporary file, then rename), so an interrupted run leaves no half file."""
 import io
 import json
+import math
 import os
 import platform
 import subprocess
@@ -15,11 +16,25 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _umask() -> int:
+    """This process's umask (from /proc on Linux: reading it elsewhere means setting it)."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith("Umask:")), 8)
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
 def atomic_write(path, data: str | bytes):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file 0600; a result file gets what open() would give it (0666 less
+        # the umask), so that others on a shared machine can read it when the umask says so
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
             f.flush()
@@ -48,6 +63,19 @@ def output_dirs(rows, out_dir, raw_name: str) -> list[Path]:
         return [Path(out_dir)]
     write_jsonl(REPO / publish / raw_name, rows)
     return [Path(out_dir), REPO / publish]
+
+
+def json_text(obj, **kwargs) -> str:
+    """obj as strict JSON: NaN and infinities (not JSON) written as null."""
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(obj), allow_nan=False, **kwargs)
 
 
 def write_jsonl(path, rows):

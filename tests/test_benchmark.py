@@ -1,11 +1,13 @@
 """task=benchmark end to end at tiny sizes: rows, failure rows, aggregation, multirun."""
 import json
+import re
 import subprocess
 import sys
 
 import pandas as pd
 import pytest
 
+from repro.config import ConfigError, RunFailed
 from repro.results import REPO, read_jsonl
 from repro.tasks import benchmark
 from repro.tasks.benchmark_point import measure_safely
@@ -13,9 +15,9 @@ from repro.tasks.benchmark_point import measure_safely
 TINY = ["model=tiny", "task.tokens=64", "task.repeats=1", "task.warmup=0", "task.lengths=[16,32]"]
 
 
-def run_py(*args, timeout=240):
+def run_py(*args, timeout=240, umask=-1):
     return subprocess.run([sys.executable, "run.py", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, umask=umask)
 
 
 def test_in_process_run_writes_rows_table_and_plot(compose_cfg, tmp_path):
@@ -35,10 +37,27 @@ def test_in_process_run_writes_rows_table_and_plot(compose_cfg, tmp_path):
 def test_timeout_is_a_row_and_longer_lengths_are_skipped(compose_cfg, tmp_path):
     cfg = compose_cfg(*TINY, "task.isolate=false", "task.attentions=[linear]", "task.time_budget_s=1e-6",
                       f"+run_dir={tmp_path}")
-    benchmark.run(cfg)
+    with pytest.raises(RunFailed, match="no benchmark point succeeded"):
+        benchmark.run(cfg)
     rows = read_jsonl(tmp_path / "results.jsonl")
     assert [r["status"] for r in rows] == ["timeout", "timeout"]
     assert rows[1]["reason"] == "skipped: timeout at N=16"
+
+
+def test_a_benchmark_whose_every_point_failed_says_why_and_exits_nonzero(tmp_path):
+    proc = run_py(*TINY, "task.isolate=false", "task.attentions=[linear]", "task.time_budget_s=1e-6",
+                  f"hydra.run.dir={tmp_path}", umask=0o002)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert any(line.startswith("linear N=16: timeout: one pass took ") for line in lines), proc.stderr
+    assert "linear N=32: timeout: skipped: timeout at N=16" in lines
+    assert lines[-1].startswith("error: no benchmark point succeeded (2 failed, reasons above)")
+    assert [r["status"] for r in read_jsonl(tmp_path / "results.jsonl")] == ["timeout", "timeout"]  # still written
+    # summary.json is strict JSON (no bare NaN: null), and every file is as the umask says (not mkstemp's 0600)
+    summary = json.loads((tmp_path / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert summary["headline"] is None
+    for name in ("results.jsonl", "summary.json", "benchmark.csv", "benchmark.png", "table.txt"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o664, name
 
 
 def test_out_of_memory_in_process_is_a_row():
@@ -116,3 +135,51 @@ def test_rerun_in_the_same_dir_resumes_without_measuring_again(compose_cfg, tmp_
     assert again[0] == rows[0]  # kept as it was, not re-measured
     assert [r["n"] for r in again] == [16, 32] and again[1]["status"] == "ok"
     assert again[1]["time"] >= rows[1]["time"]
+
+
+@pytest.mark.parametrize("change, named", [
+    ("model.d_model=32", "model.d_model=64 (now 32)"),
+    ("task.tokens=128", "task.tokens=64 (now 128)"),
+    ("attention.eps=1e-3", "eps=1e-06 (now 0.001)"),
+])
+def test_rerun_in_the_same_dir_with_other_settings_is_refused(compose_cfg, tmp_path, change, named):
+    base = (*TINY, "task.isolate=false", "task.lengths=[16]", "attention=linear", f"+run_dir={tmp_path}")
+    benchmark.run(compose_cfg(*base))
+    before = (tmp_path / "results.jsonl").read_text()
+    with pytest.raises(ConfigError, match=r"results.jsonl holds rows measured with other settings: .*" + re.escape(named)):
+        benchmark.run(compose_cfg(*base, change))
+    assert (tmp_path / "results.jsonl").read_text() == before  # the old rows untouched
+
+
+def test_a_killed_benchmark_leaves_no_point_running(tmp_path):
+    """SIGKILL to run.py (no chance to clean up): the isolated point's process goes too."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    parent = subprocess.Popen([sys.executable, "run.py", "task.attentions=[softmax-math]", "task.lengths=[2048]",
+                               "task.tokens=4096", "task.warmup=0", "task.repeats=100", "task.time_budget_s=600",
+                               "task.isolate=true", f"hydra.run.dir={tmp_path}"], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    point = None
+    try:
+        for _ in range(600):  # the point's process appears once run.py has started (a few seconds)
+            kids = [p for p in psutil.Process(parent.pid).children() if "repro.tasks.benchmark_point" in p.cmdline()]
+            if kids:
+                point = kids[0]
+                break
+            time.sleep(0.05)
+        assert point is not None, "the benchmark started no point process"
+        time.sleep(0.5)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        gone, alive = psutil.wait_procs([point], timeout=10)
+        assert not alive, "the point outlived its benchmark"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if point is not None and point.is_running():
+            point.kill()

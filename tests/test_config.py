@@ -68,3 +68,49 @@ def test_a_task_without_an_attention_says_so_in_one_line(compose_cfg, task):
 def test_attention_name_without_hydra_is_the_entry_the_config_equals(compose_cfg):
     from repro.config import attention_name
     assert attention_name(compose_cfg("task=copy", "attention=softmax-math")) == "softmax-math"
+
+
+BAD_COMMAND_LINES = [
+    (["experiment=smoke_copy", "model.d_model=65"], "d_model=65 is not divisible by n_heads=4"),
+    (["experiment=smoke_copy", "model.n_heads=0"], "model.n_heads=0: must be a positive integer"),
+    (["experiment=smoke_copy", "attention=lsh", "attention.chunk_size=0"], "lsh: chunk_size and n_hashes must be >= 1; got chunk_size=0"),
+    (["experiment=smoke_copy", "attention=performer", "attention.n_features=0"], "performer: n_features must be >= 1; got 0"),
+    (["experiment=smoke_copy", "attention=local", "attention.window=0"], "local: window must be >= 1; got 0"),
+    (["experiment=smoke_copy", "task.max_len=abc"], "task.max_len='abc': expected an integer (preset: 24)"),
+    (["experiment=smoke_mnist", "task.batch_size=2.5"], "task.batch_size=2.5: expected an integer (preset: 16)"),
+    (["experiment=smoke_copy", "seed=abc"], "seed='abc': expected an integer (preset: 0)"),
+    (["experiment=smoke_copy", "seed=1.5"], "seed=1.5: expected an integer (preset: 0)"),
+    (["experiment=smoke_copy", "trainer.lr=-1"], "trainer.lr is not a setting of this config; nearest: trainer.optimizer.lr"),
+    (["-m", "experiment=smoke_copy", "seed=0,abc"], "seed='abc': expected an integer (preset: 0)"),
+    # with the progress bar on (the default): the line is the error alone, not the bar's line
+    (["experiment=smoke_copy", "attention=linformer"], "attention linformer is non-causal only and task=copy is autoregressive"),
+    (["experiment=smoke_benchmark", "attention=bigbird"], "attention bigbird is non-causal only and task.causal=true"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_COMMAND_LINES, ids=[" ".join(a) for a, _ in BAD_COMMAND_LINES])
+def test_a_bad_command_line_is_one_line_before_anything_runs(tmp_path, args, message):
+    """Through run.py as a user types it: exit 2, one line on stderr naming the bad value and
+    what is valid, no traceback, and no run directory left behind."""
+    import os
+    import subprocess
+    import sys
+
+    from repro.results import REPO
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("error: "), proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+    assert not list(tmp_path.iterdir())  # no outputs/ or multirun/ dir made for a command that fails
+
+
+def test_nearest_key_prefers_the_same_name(compose_cfg):
+    from repro.cli import nearest_key
+
+    cfg = compose_cfg("experiment=smoke_copy")
+    assert nearest_key(cfg, "trainer.lr") == "trainer.optimizer.lr"
+    assert nearest_key(cfg, "trainer.max_step") == "trainer.max_steps"
+    assert nearest_key(cfg, "model.zzzz_qqq") is None

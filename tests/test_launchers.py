@@ -1,7 +1,10 @@
-"""Sweeps through the launcher plugins (conf/hydra/launcher): the submitit launcher's local
-executor (the SLURM path, minus sbatch) and joblib run a tiny two-point copy sweep, each job in its
-own process, and the sweep ends aggregated. Also: the SLURM config composes with its overrides."""
+"""Sweeps through the launcher plugins (conf/hydra/launcher): the basic launcher, the submitit
+launcher's local executor (the SLURM path, minus sbatch) and joblib run a tiny two-point copy sweep
+(the last two each job in its own process) as a user would, without naming hydra.sweep.dir: every
+job lands in the one sweep dir announced, and the sweep ends aggregated there. Also: the SLURM
+config composes with its overrides."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,18 +20,27 @@ TINY = ["experiment=smoke_copy", "task.max_len=12", "task.batch_size=4", "model.
         "trainer.checkpoint=false", "trainer.progress=false"]
 
 
-def hydra_run(cwd, *args):
+def hydra_run(cwd, *args, check=True):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=cwd, env=env, capture_output=True,
                          text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
+    assert out.returncode == 0 or not check, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
 
 
-@pytest.mark.parametrize("launcher", ["slurm_local", "joblib_cpu"])
+def announced_sweep_dir(stdout) -> Path:
+    (line,) = re.findall(r"^sweep dir: (.+)$", stdout, re.M)
+    return Path(line)
+
+
+@pytest.mark.parametrize("launcher", ["basic", "slurm_local", "joblib_cpu"])
 def test_sweep_through_launcher_completes_and_aggregates(tmp_path, launcher):
-    sweep = tmp_path / "sweep"
-    hydra_run(tmp_path, "-m", f"hydra/launcher={launcher}", *TINY, "seed=0,1", f"hydra.sweep.dir={sweep}")
+    out = hydra_run(tmp_path, "-m", f"hydra/launcher={launcher}", *TINY, "seed=0,1").stdout
+    sweep = announced_sweep_dir(out)
+    # the one dir the launcher announced, and no other: each worker used to resolve ${uid:} again
+    assert list((tmp_path / "multirun").glob("*/*")) == [sweep]
+    if launcher != "slurm_local":  # (submitit jobs print to their own log files)
+        assert sorted(re.findall(r"^run dir: (.+)$", out, re.M)) == [str(sweep / "0"), str(sweep / "1")]
     rows = read_jsonl(sweep / "copy.jsonl")
     finals = [r for r in rows if r["kind"] == "final"]
     assert sorted(r["seed"] for r in finals) == [0, 1] and all(r["status"] == "ok" for r in finals)
@@ -57,3 +69,33 @@ def test_slurm_config_takes_cluster_overrides(compose_cfg):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             compose(config_name="config", return_hydra_config=True,
                     overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_nod=4"])
+
+
+def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
+    """linformer cannot be causal: its job fails, the linear job still runs, the sweep is
+    aggregated, the failure listed at the end, and the exit status is 1. (The record is a file in
+    the job's dir, read by the launching process: the same for every launcher.)"""
+    proc = hydra_run(tmp_path, "-m", *TINY, "attention=linformer,linear", check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep = announced_sweep_dir(proc.stdout)
+    assert read_jsonl(sweep / "0/failed.json")[0]["error"].startswith("attention linformer is non-causal only")
+    assert pd.read_csv(sweep / "copy_final.csv").attention.tolist() == ["linear"]
+    lines = proc.stderr.splitlines()
+    i = lines.index("error: 1 of 2 jobs of the sweep failed:")
+    assert lines[i + 1].startswith("  #0 ") and "attention=linformer: attention linformer is non-causal only" in lines[i + 1]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_run_prints_its_dir_and_logs_to_run_log(tmp_path):
+    out = hydra_run(tmp_path, *TINY, "seed=3").stdout
+    assert out.startswith("run dir: "), out[:500]
+    run_dir = Path(out.splitlines()[0].removeprefix("run dir: "))
+    log = (run_dir / "run.log").read_text()  # Hydra's job log: what the run printed, as log lines
+    assert "copy linear N=12 seed=3: ok, step 2" in log and "[stdout][INFO] - " in log
+
+
+def test_a_command_failing_after_its_run_dir_was_made_removes_it(tmp_path):
+    # a task's own check, after Hydra made the run dir: the dir holds only Hydra's files
+    proc = hydra_run(tmp_path, "task=asr", "model=wsj_tiny", "task.source=kaldi", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: task.source=kaldi needs task.train_dir", proc.stderr
+    assert not list(tmp_path.iterdir())

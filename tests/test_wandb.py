@@ -99,3 +99,60 @@ def test_publish_dir_logs_tables_and_figures(compose_cfg, tmp_path):
     assert list(run_dir.glob("files/media/images/figures/benchmark_*.png"))
     assert config["_run"]["group"] == "sweep-x" and config["_run"]["job_type"] == "sweep"
     assert not publish_dir(compose_cfg("logger=csv"), tmp_path)  # other loggers: nothing to do
+
+
+TINY_CLI = ["experiment=smoke_copy", "task.max_len=12", "task.batch_size=4", "model.n_layers=1", "model.d_model=16",
+            "model.n_heads=2", "model.d_ff=16", "trainer.max_steps=2", "trainer.log_every=1", "trainer.eval_every=0",
+            "trainer.checkpoint=false", "trainer.progress=false", "logger=wandb"]
+
+
+def run_py(cwd, *args):
+    import os
+    import subprocess
+    import sys
+
+    from repro.results import REPO
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
+    env.pop("WANDB_SERVICE", None)  # as from a shell: not the wandb service of this test process (a test above started it)
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Callback" not in proc.stderr, proc.stderr  # Hydra's warning when a callback raised
+    return proc.stdout
+
+
+def announced(stdout, what) -> "Path":
+    import re
+    from pathlib import Path
+
+    (line,) = re.findall(rf"^{what} dir: (.+)$", stdout, re.M)
+    return Path(line)
+
+
+def logged(run_dir):
+    """Every key logged by the offline runs under run_dir (a table's or image's key: its first two
+    parts, tables/<name>), and the media files they hold."""
+    keys = set()
+    for run in offline_runs(run_dir):
+        keys |= {"/".join(k.split("/")[:2]) for k in history_keys(run)[0]}
+    media = {p.relative_to(p.parents[2]).as_posix() for p in run_dir.glob("wandb/offline-run-*/files/media/*/*/*")}
+    return keys, media
+
+
+def test_a_run_from_the_command_line_uploads_its_tables_and_figures(tmp_path):
+    keys, media = logged(announced(run_py(tmp_path, *TINY_CLI), "run"))
+    assert {"train/loss", "tables/copy_final", "tables/copy_curves", "figures/copy_curves"} <= keys, keys
+    assert any(m.startswith("table/tables/copy_final_") for m in media), media
+    assert any(m.startswith("images/figures/copy_curves_") and m.endswith(".png") for m in media), media
+
+
+def test_a_sweep_from_the_command_line_uploads_its_aggregate(tmp_path):
+    sweep = announced(run_py(tmp_path, "-m", *TINY_CLI, "seed=0,1"), "sweep")
+    keys, media = logged(sweep)
+    assert {"tables/copy_final", "tables/copy_curves", "figures/copy_curves"} <= keys, keys
+    (table,) = [m for m in media if m.startswith("table/tables/copy_final_")]
+    data = json.loads((next(sweep.glob(f"wandb/offline-run-*/files/media/{table}"))).read_text())
+    assert data["columns"][:3] == ["max_len", "attention", "n_seeds"] and data["data"][0][:3] == [12, "linear", 2]
+    for job in ("0", "1"):  # each job's own run has its metrics
+        assert "train/loss" in logged(sweep / job)[0]

@@ -6,6 +6,7 @@ One run measures task.attentions (or the `attention` chosen on the command line)
 multirun over attention and lengths aggregates all its jobs at the end (repro.callbacks).
 """
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,10 +22,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from ..config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
+from ..config import ConfigError, RunFailed, building_from_config, compose_group, parse_device, parse_dtype, run_dir
 from ..logging import make_logger
-from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv, save_figure, write_jsonl
-from .benchmark_point import measure_safely
+from ..results import REPO, atomic_write, json_text, provenance, read_jsonl, rows_to_csv, save_figure, write_jsonl
+from .benchmark_point import PARENT_ENV, measure_safely
 
 FAILED = ("oom", "timeout", "error")
 METRICS = ("time_ms", "time_per_sample_ms", "peak_mem_mb", "mem_per_sample_mb")
@@ -60,24 +61,29 @@ def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
     """measure() in a fresh Python process, killed when it passes the memory limit (an 'oom'
     row, before the kernel's OOM killer hits the machine) or the time limit."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        # The point dies with this process: killed here on any exception (Ctrl-C), and by the
+        # kernel when this process is killed outright (benchmark_point.die_with_parent).
         proc = subprocess.Popen([sys.executable, "-m", "repro.tasks.benchmark_point", json.dumps(spec)],
-                                cwd=REPO, stdout=out, stderr=err, text=True)
-        ps, began, killed = psutil.Process(proc.pid), time.monotonic(), None
-        while proc.poll() is None:
-            try:
-                rss = ps.memory_info().rss
-            except psutil.NoSuchProcess:
-                break
-            if rss > memory_limit:
-                killed = {"status": "oom", "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
-            elif time.monotonic() - began > timeout:
-                killed = {"status": "timeout", "reason": f"still running after {timeout:.0f} s"}
-            if killed:
+                                cwd=REPO, stdout=out, stderr=err, text=True,
+                                env={**os.environ, PARENT_ENV: str(os.getpid())})
+        try:
+            ps, began, killed = psutil.Process(proc.pid), time.monotonic(), None
+            while proc.poll() is None:
+                try:
+                    rss = ps.memory_info().rss
+                except psutil.NoSuchProcess:
+                    break
+                if rss > memory_limit:
+                    killed = {"status": "oom", "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
+                elif time.monotonic() - began > timeout:
+                    killed = {"status": "timeout", "reason": f"still running after {timeout:.0f} s"}
+                if killed:
+                    return killed
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:
                 proc.kill()
-                proc.wait()
-                return killed
-            time.sleep(0.02)
-        proc.wait()
+            proc.wait()
         out.seek(0), err.seek(0)
         stdout, stderr = out.read().strip(), err.read().strip()
     if proc.returncode == 0 and stdout:
@@ -86,6 +92,31 @@ def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
         return {"status": "oom", "reason": "killed by the operating system (out of memory)"}
     last = (stderr.splitlines() or ["no output"])[-1]
     return {"status": "error", "reason": f"exit {proc.returncode}: {last[:200]}"}
+
+
+# the row's name of each setting -> the config key that sets it (for the message below)
+SETTING_KEYS = {"d_model": "model.d_model", "n_heads": "model.n_heads", "causal": "task.causal", "dtype": "task.dtype",
+                "tokens": "task.tokens", "warmup": "task.warmup", "max_repeats": "task.repeats",
+                "time_budget_s": "task.time_budget_s", "memory_limit_gb": "task.memory_limit_gb",
+                "isolated": "task.isolate", "seed": "seed", "device": "device (the machine and its threads)"}
+
+
+def _attention_settings(att: dict) -> dict:
+    return {k: v for k, v in att.items() if k != "_partial_"}
+
+
+def _check_resume(old_rows, settings: dict, per_attention: dict, path):
+    """Refuse, in one line, to resume from rows measured with other settings: their points
+    would be kept and plotted beside new ones as if comparable."""
+    for r in old_rows:
+        diffs = [f"{SETTING_KEYS[k]}={r.get(k, 'not recorded')!r} (now {v!r})" for k, v in settings.items() if r.get(k, "?") != v]
+        mine, theirs = per_attention.get(r["attention"]), r.get("attention_settings") or {}
+        if mine is not None and theirs != mine:
+            diffs += [f"attention {r['attention']} {k}={theirs.get(k, 'not recorded')!r} (now {mine.get(k)!r})"
+                      for k in dict.fromkeys([*theirs, *mine]) if theirs.get(k) != mine.get(k)]
+        if diffs:
+            raise ConfigError(f"{path} holds rows measured with other settings: {'; '.join(diffs)}; rerun with "
+                              f"those settings to resume it, or in a new run dir")
 
 
 def _validate(t):
@@ -112,16 +143,22 @@ def run(cfg) -> float:
     logger = make_logger(cfg, out)
     meta = provenance(device)
 
+    # What a measurement depends on besides its point (attention, N): every row records it.
+    settings = {"d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal), "dtype": dtype,
+                "tokens": t.tokens, "warmup": t.warmup, "max_repeats": t.repeats, "time_budget_s": t.time_budget_s,
+                "memory_limit_gb": t.memory_limit_gb, "isolated": isolate, "seed": cfg.seed, "device": meta["device"]}
+    per_attention = {name: _attention_settings(att) for name, att in attentions}
     # Resume: rows already in this run dir (an interrupted run, rerun with hydra.run.dir=<its dir>)
-    # are kept and their points not measured again.
-    done = {(r["attention"], r["n"], r["dtype"], r["causal"]): r for r in
-            (read_jsonl(out / "results.jsonl") if (out / "results.jsonl").exists() else [])}
+    # are kept and their points not measured again, if measured with these same settings.
+    old = read_jsonl(out / "results.jsonl") if (out / "results.jsonl").exists() else []
+    _check_resume(old, settings, per_attention, out / "results.jsonl")
+    done = {(r["attention"], r["n"]): r for r in old}
     rows = []
     points = [(a, n) for a in attentions for n in lengths]
     failed: dict[str, tuple[str, int]] = {}  # attention -> (status, N) of its first failure
     for i, ((name, att), n) in enumerate(tqdm(points, desc="benchmark", unit="point", dynamic_ncols=True)):
         batch = max(1, t.tokens // n)
-        row = done.get((name, n, dtype, bool(t.causal)))
+        row = done.get((name, n))
         if row is None:
             spec = {"attention": att, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "n": n,
                     "batch": batch, "causal": bool(t.causal), "dtype": dtype, "device": str(device),
@@ -135,8 +172,9 @@ def run(cfg) -> float:
             else:
                 result = measure_safely(spec)
             row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
-                   "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal),
-                   "dtype": dtype, "seed": cfg.seed, **result, **meta}
+                   **settings, "attention_settings": per_attention[name], **result, **meta}
+        if row["status"] != "ok":
+            tqdm.write(f"{name} N={n}: {row['status']}: {row.get('reason', '')}", file=sys.stderr)
         if row["status"] in FAILED and name not in failed:
             failed[name] = (row["status"], n)
         rows.append(row)
@@ -148,6 +186,8 @@ def run(cfg) -> float:
     logger.log_table("benchmark", rows)
     logger.log_image("benchmark_plot", out / "benchmark.png")
     logger.finish()
+    if not any(r["status"] == "ok" for r in rows):
+        raise RunFailed(f"no benchmark point succeeded ({len(rows)} failed, reasons above); rows in {out / 'results.jsonl'}")
     return summary.get("headline", float("nan"))
 
 
@@ -258,7 +298,7 @@ def aggregate(rows, out_dir, publish=None) -> dict:
     targets = [out_dir] + ([REPO / publish] if publish else [])
     for d in targets:
         atomic_write(d / "benchmark.csv", rows_to_csv(rows))
-        atomic_write(d / "summary.json", json.dumps(summary, indent=2))
+        atomic_write(d / "summary.json", json_text(summary, indent=2))
         atomic_write(d / "table.txt", text + "\n")
         _plot(df, d / "benchmark.png")
     return summary

@@ -8,15 +8,37 @@ peak counter.
 """
 import ctypes
 import json
+import os
+import signal
 import statistics
 import sys
 import time
 
-import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
+PARENT_ENV = "REPRO_BENCHMARK_PARENT"  # the pid of the benchmark that started this point
 
-from ..config import parse_dtype
+
+def die_with_parent():
+    """Ask the kernel (Linux) to SIGKILL this process when its parent dies, so a killed
+    benchmark leaves no point running on under PID 1, holding its memory. If the parent is
+    already gone (it died before this line), exit now."""
+    if not sys.platform.startswith("linux") or PARENT_ENV not in os.environ:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(os.environ[PARENT_ENV]):
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    die_with_parent()  # first, before the slow imports below
+
+import torch  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from ..config import parse_dtype  # noqa: E402
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "DefaultCPUAllocator")
 
