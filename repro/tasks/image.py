@@ -30,9 +30,10 @@ from ..data.images import Images, load_images, resize
 from ..models import logistic_mixture as dmol
 from ..models.generate import generate
 from ..models.pixels import PixelTransformer, to_images, to_sequence
-from ..results import atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
+from ..results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
 from ..training import fit, load_checkpoint, seed_everything
 from ..training.distributed import is_main
+from ..training.rows import read_rows
 
 MODES = ("train", "sample")
 # The paper's Table 1 and 2 (bits/dim on the test set).
@@ -153,7 +154,7 @@ def run(cfg) -> float:
     print(f"{t.dataset} {name} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
           f"eval bits/dim {bpd:.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
     if is_main() and not in_multirun():
-        aggregate(read_jsonl(out / "results.jsonl"), out)
+        aggregate(read_rows(out / "results.jsonl"), out)
     return float(bpd)
 
 

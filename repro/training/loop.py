@@ -17,9 +17,11 @@ trainer.eval_every steps an "eval" row, at the end a "final" row go to <run dir>
 (each with the task's identity and repro.results.provenance) and to the logger.
 
 Resume: trainer.resume=<run dir or checkpoint file> restores model, optimizer, scheduler,
-step, data stream, every RNG state, the rows so far and the wandb run id; the run then goes on
-exactly as if never stopped (tests/test_training.py checks the next losses are equal). A
-resumed run writes into its own new run dir, whose results.jsonl holds the whole history.
+step, data stream, every RNG state and the wandb run id; the run then goes on exactly as if never
+stopped (tests/test_training.py checks the next losses are equal). Rows are appended to
+results.jsonl one line at a time (repro.training.rows); the checkpoint records how many there
+were, and a resume starts its results.jsonl with those rows from the checkpoint's run dir, so
+the resumed run dir (a new one, or the same) holds the whole history and nothing after it.
 SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the current step; the
 checkpoint and the final row are written, then the signal takes its usual course
 (KeyboardInterrupt for SIGINT, exit for SIGTERM).
@@ -54,10 +56,11 @@ from tqdm import tqdm
 
 from ..config import ConfigError, parse_device
 from ..logging import NullLogger, make_logger
-from ..results import provenance, write_jsonl
+from ..results import provenance
 from . import distributed as ddp
 from .checkpoint import LAST, check_fingerprint, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
 from .optim import build_optimizer, build_scheduler
+from .rows import RowLog, resumed_history
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # first steps of a process, left out of time_per_step (allocations, lazy init)
@@ -223,14 +226,14 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
 
-    step, rows, logger_id = 0, [], None
+    step, history, logger_id = 0, [], None
     if t.resume:
         ckpt = load_checkpoint(t.resume)
         check_fingerprint(ckpt, fingerprint)
         for name, obj in [("model", model), ("optimizer", optimizer), ("data", train_data)] + \
                          ([("scheduler", scheduler)] if scheduler is not None else []):
             load_into(ckpt, name, obj)
-        step, rows, logger_id = ckpt["step"], ckpt["rows"], ckpt.get("logger_run_id")
+        step, history, logger_id = ckpt["step"], resumed_history(ckpt), ckpt.get("logger_run_id")
         print(f"resumed from {ckpt['path']} at step {step}")
     if logger_id and cfg.logger.get("run_id") is None:
         cfg = cfg.copy()
@@ -247,21 +250,28 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     meta = provenance(device)
     identity.update(precision=t.precision, device_type=device.type)
 
+    # results.jsonl: the resumed history, then one appended line per row (rank 0 writes)
+    rows = RowLog(run_dir / "results.jsonl", history, write=main)
+    last_train_loss = rows_last(history, "train", "loss")
+
     def emit(kind, metrics):
+        nonlocal last_train_loss
         row = {**identity, "kind": kind, "step": step, **metrics, **meta}
         rows.append(row)
-        if main:
-            write_jsonl(run_dir / "results.jsonl", rows)
+        if kind == "train":
+            last_train_loss = row.get("loss")
         logger.log({f"{kind}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
         return row
 
     def checkpoint():
         rngs = ddp.all_gather_object(rng_state()) if distributed else None  # a collective: every rank
         if main:
+            rows.sync()
             save_checkpoint(run_dir / LAST, {
                 "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "data": train_data.state_dict(), "rng": rng_state(), "rows": rows,
+                "data": train_data.state_dict(), "rng": rng_state(),
+                "rows_written": len(rows),  # the rows so far live in results.jsonl, not here
                 **({"rng_ranks": rngs, "world_size": world} if distributed else {}),
                 "fingerprint": fingerprint, "logger_run_id": getattr(getattr(logger, "run", None), "id", None),
                 "config": OmegaConf.to_container(cfg, resolve=True)})
@@ -349,7 +359,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     cpu = cpu_times[WARMUP_STEPS:] or cpu_times
     final = emit("final", {
         "status": status, "steps": step, "steps_this_process": len(step_times),
-        "train_loss": rows_last(rows, "train", "loss"),
+        "train_loss": last_train_loss,
         **{f"eval_{k}": v for k, v in last_eval.items()},
         "time_per_step_ms": 1e3 * statistics.median(timed) if timed else None,
         "time_per_step_mean_ms": 1e3 * _mean(timed) if timed else None,
@@ -360,6 +370,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         "loadavg_1min_start": load_start, "loadavg_1min_end": os.getloadavg()[0],
         "threads": torch.get_num_threads(), "world_size": world,
         **({"compile_backend": t.get("compile_backend", "inductor")} if t.get("compile", False) else {})})
+    rows.close()
     logger.finish()
     ddp.barrier()  # rank 0's rows are on disk before any rank goes on to read them
     if stop and stop[0] is not None:  # checkpoint and rows are written: now end as the signal asked (a multirun stops too)
