@@ -5,16 +5,12 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import torch
 
-from repro.attention import LinearAttention
-from repro.data import CopyTask
-from repro.models import AutoregressiveTransformer
 from repro.tasks.copy import copy_loss
-from repro.training import fit, load_checkpoint, seed_everything
+from repro.training import load_checkpoint
 from repro.training.rows import read_rows
 
-from test_training import BASE, train
+from test_training import BASE, tiny_fit, train
 
 IO = Path("/proc/self/io")
 
@@ -22,12 +18,6 @@ IO = Path("/proc/self/io")
 def bytes_written() -> int:
     """What this process has passed to write() so far (Linux's own count)."""
     return int(next(line.split()[1] for line in IO.read_text().splitlines() if line.startswith("wchar:")))
-
-
-def tiny_fit(cfg, run_dir, loss_fn=copy_loss):
-    seed_everything(0)
-    model = AutoregressiveTransformer(partial(LinearAttention), 11, n_layers=1, d_model=16, n_heads=2, d_ff=16)
-    fit(model, loss_fn, CopyTask(8, 16, seed=0), cfg, run_dir=run_dir, eval_data=lambda: [next(CopyTask(8, 16, seed=9))])
 
 
 @pytest.mark.skipif(not IO.exists(), reason="needs Linux's /proc/self/io")

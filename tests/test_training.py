@@ -26,6 +26,27 @@ def train(compose_cfg, out, *overrides):
     return read_jsonl(out / "results.jsonl")
 
 
+def tiny_fit(cfg, run_dir, loss_fn=copy_loss):
+    """fit() on a 1-layer copy model, the same weights and data stream every call."""
+    seed_everything(0)
+    model = AutoregressiveTransformer(partial(LinearAttention), 11, n_layers=1, d_model=16, n_heads=2, d_ff=16)
+    return fit(model, loss_fn, CopyTask(8, 16, seed=0), cfg, run_dir=run_dir,
+               eval_data=lambda: [next(CopyTask(8, 16, seed=9))])
+
+
+def signal_at_step(n, signum=signal.SIGINT):
+    """copy_loss, sending this process `signum` during the n-th training step (as Ctrl-C or
+    SLURM's SIGTERM would, mid-step)."""
+    calls = []
+
+    def loss_fn(model, batch):
+        calls.append(model.training)  # evaluations call it too, in eval mode
+        if sum(calls) == n and model.training:
+            os.kill(os.getpid(), signum)
+        return copy_loss(model, batch)
+    return loss_fn
+
+
 def losses(rows):
     return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
@@ -109,6 +130,27 @@ def test_signal_stops_after_the_step_with_a_checkpoint(compose_cfg, tmp_path):
     final = read_jsonl(tmp_path / "results.jsonl")[-1]
     assert final["status"] == "stopped by signal at step 4" and final["steps"] == 4
     assert load_checkpoint(tmp_path)["step"] == 4 and data.batches == 4
+
+
+def test_resume_between_log_points_logs_what_an_uninterrupted_run_logs(compose_cfg, tmp_path):
+    """Stopped at step 4, between the train rows of steps 3 and 6 and the evaluations of steps 5
+    and 9: the resumed run's row of step 6 averages steps 4-6, as the uninterrupted run's does,
+    and no evaluation is logged at the stop."""
+    cfg = partial(compose_cfg, *BASE, "trainer.max_steps=9", "trainer.log_every=3", "trainer.eval_every=5",
+                  "trainer.checkpoint_every=0")
+    tiny_fit(cfg(), tmp_path / "whole")
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        tiny_fit(cfg(), tmp_path / "first", signal_at_step(4))
+    assert load_checkpoint(tmp_path / "first")["step"] == 4
+    tiny_fit(cfg(f"trainer.resume={tmp_path / 'first'}"), tmp_path / "rest")
+
+    def logged(path):  # every row but the final one, without the wall-clock fields
+        return [{k: v for k, v in r.items() if k not in ("time", "device")}
+                for r in read_jsonl(path / "results.jsonl") if r["kind"] != "final"]
+
+    whole = logged(tmp_path / "whole")
+    assert [(r["kind"], r["step"]) for r in whole] == [("train", 3), ("eval", 5), ("train", 6), ("train", 9), ("eval", 9)]
+    assert logged(tmp_path / "rest") == whole
 
 
 @pytest.mark.parametrize("override,message", [("trainer.precision=fp8", "trainer.precision='fp8'"),

@@ -226,7 +226,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
 
-    step, history, logger_id = 0, [], None
+    step, history, logger_id, window = 0, [], None, {}
     if t.resume:
         ckpt = load_checkpoint(t.resume)
         check_fingerprint(ckpt, fingerprint)
@@ -234,6 +234,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                          ([("scheduler", scheduler)] if scheduler is not None else []):
             load_into(ckpt, name, obj)
         step, history, logger_id = ckpt["step"], resumed_history(ckpt), ckpt.get("logger_run_id")
+        window = ckpt.get("window") or {}  # the steps since the last train row, which it will average
         print(f"resumed from {ckpt['path']} at step {step}")
     if logger_id and cfg.logger.get("run_id") is None:
         cfg = cfg.copy()
@@ -272,6 +273,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "data": train_data.state_dict(), "rng": rng_state(),
                 "rows_written": len(rows),  # the rows so far live in results.jsonl, not here
+                "window": window,
                 **({"rng_ranks": rngs, "world_size": world} if distributed else {}),
                 "fingerprint": fingerprint, "logger_run_id": getattr(getattr(logger, "run", None), "id", None),
                 "config": OmegaConf.to_container(cfg, resolve=True)})
@@ -298,7 +300,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         emit("eval", out)
         return out
 
-    window, step_times, cpu_times, status, last_eval = {}, [], [], "ok", {}
+    step_times, cpu_times, status, last_eval = [], [], "ok", {}
     load_start = os.getloadavg()[0]
     began = time.perf_counter()
     bar = tqdm(total=t.max_steps, initial=step, desc=identity.get("task", "train"), unit="step",
@@ -342,7 +344,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                 logged = {k: _mean(v) for k, v in window.items()}
                 emit("train", {**logged, "lr": optimizer.param_groups[0]["lr"]})
                 bar.set_postfix(loss=f"{logged['loss']:.4f}")
-                window = {}
+                window.clear()  # (in place: checkpoint() saves this dict)
             if t.eval_every and (step % t.eval_every == 0 or step == t.max_steps):
                 last_eval = run_eval()
             if t.checkpoint and t.checkpoint_every and step % t.checkpoint_every == 0:
@@ -351,7 +353,9 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                 status = f"stopped by signal at step {step}"
                 break
     bar.close()
-    if t.eval_every and not last_eval and status.startswith(("ok", "stopped")) and step > 0:
+    if t.eval_every and not last_eval and status == "ok" and step > 0:
+        # a run that ended between evaluations (a stopped run is not ended: it evaluates at its
+        # next eval step after the resume, as an uninterrupted run does, and logs no extra row)
         last_eval = run_eval()
     if t.checkpoint and not status.startswith(("oom", "error")):
         checkpoint()  # at exit: what a resume continues from
