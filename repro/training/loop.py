@@ -23,8 +23,8 @@ results.jsonl one line at a time (repro.training.rows); the checkpoint records h
 were, and a resume starts its results.jsonl with those rows from the checkpoint's run dir, so
 the resumed run dir (a new one, or the same) holds the whole history and nothing after it.
 SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the current step; the
-checkpoint and the final row are written, then the signal takes its usual course
-(KeyboardInterrupt for SIGINT, exit for SIGTERM).
+checkpoint and the final row are written, one line names the checkpoint and the command that
+resumes it, and the process exits 130 (SIGINT) or 143 (SIGTERM) (repro.training.stopping).
 
 DDP (repro.training.distributed): under torchrun, or SLURM with several tasks, fit() joins the
 process group, wraps the model in DistributedDataParallel and gives each rank its slice of the
@@ -42,9 +42,7 @@ module, so checkpoints stay interchangeable.
 import math
 import os
 import random
-import signal
 import statistics
-import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -61,6 +59,7 @@ from . import distributed as ddp
 from .checkpoint import LAST, check_fingerprint, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
 from .optim import build_optimizer, build_scheduler
 from .rows import RowLog, resumed_history
+from .stopping import exit_stopped, stop_on_signals
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # first steps of a process, left out of time_per_step (allocations, lazy init)
@@ -80,24 +79,6 @@ def to_device(batch, device):
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
-
-
-@contextmanager
-def _stop_on_signals():
-    """Yields a list that SIGINT/SIGTERM append their number to, so the loop can finish the
-    step and checkpoint before leaving; the caller then re-raises the signal."""
-    caught = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in old:
-        signal.signal(s, lambda signum, _: caught.append(signum))
-    try:
-        yield caught
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _validate(t):
@@ -305,7 +286,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     began = time.perf_counter()
     bar = tqdm(total=t.max_steps, initial=step, desc=identity.get("task", "train"), unit="step",
                dynamic_ncols=True, disable=not t.progress or not main)
-    with _stop_on_signals() as stop:
+    with stop_on_signals() as stop:
         while step < t.max_steps:
             t0, c0 = time.perf_counter(), time.process_time()
             batch = to_device(next(train_data), device)
@@ -377,8 +358,11 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     rows.close()
     logger.finish()
     ddp.barrier()  # rank 0's rows are on disk before any rank goes on to read them
-    if stop and stop[0] is not None:  # checkpoint and rows are written: now end as the signal asked (a multirun stops too)
-        signal.raise_signal(stop[0])
+    # checkpoint and rows are written: one line, then exit 130/143 (a multirun stops too). Every
+    # rank asks (a collective), in case a signal reached one rank after the last step.
+    signals = [s for s in ddp.all_gather_object(stop[0] if stop else None) if s is not None]
+    if signals:
+        exit_stopped(signals[0], step, run_dir, run_dir / LAST if t.checkpoint else None, world, main)
     return final
 
 
