@@ -148,6 +148,37 @@ def test_resume_between_log_points_logs_what_an_uninterrupted_run_logs(compose_c
     assert logged(tmp_path / "rest") == whole
 
 
+def test_rerun_in_a_run_dir_with_a_checkpoint_is_refused_and_resume_in_place_works(compose_cfg, tmp_path):
+    train(compose_cfg, tmp_path, "trainer.max_steps=2")
+    before = (tmp_path / "checkpoints/last.pt").read_bytes()
+    with pytest.raises(ConfigError, match=f"already holds a run's checkpoint .*trainer.resume={tmp_path}") as err:
+        train(compose_cfg, tmp_path, "trainer.max_steps=4")  # would start again at step 0
+    assert "\n" not in str(err.value) and (tmp_path / "checkpoints/last.pt").read_bytes() == before
+    with pytest.raises(ConfigError, match="already holds"):  # resuming another run into this one: also refused
+        train(compose_cfg, tmp_path / "other", "trainer.max_steps=2")
+        train(compose_cfg, tmp_path, "trainer.max_steps=4", f"trainer.resume={tmp_path / 'other'}")
+    rows = train(compose_cfg, tmp_path, "trainer.max_steps=4", f"trainer.resume={tmp_path}")  # in place
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4] and rows[-1]["steps"] == 4
+
+
+def test_resuming_a_finished_run_says_so_and_trains_nothing(compose_cfg, tmp_path, capsys):
+    first = train(compose_cfg, tmp_path / "first", "trainer.max_steps=3")
+    capsys.readouterr()
+    rest = train(compose_cfg, tmp_path / "rest", "trainer.max_steps=3", f"trainer.resume={tmp_path / 'first'}")
+    out = capsys.readouterr().out
+    assert "is at step 3 = trainer.max_steps: the run is finished, nothing to train" in out
+    assert "nan" not in out and "ok, step 3" in out and "no steps trained in this process" in out
+    assert [r["kind"] for r in rest] == [r["kind"] for r in first]  # no second evaluation
+    assert rest[-1]["eval_loss"] == first[-1]["eval_loss"] and rest[-1]["steps_this_process"] == 0
+
+
+def test_max_steps_below_the_checkpoint_is_refused(compose_cfg, tmp_path):
+    train(compose_cfg, tmp_path / "first", "trainer.max_steps=4")
+    with pytest.raises(ConfigError, match=r"trainer.max_steps=2 is below the step of the checkpoint it resumes "
+                                          r"\(.*last.pt is at step 4\): set trainer.max_steps=4 or more"):
+        train(compose_cfg, tmp_path / "rest", "trainer.max_steps=2", f"trainer.resume={tmp_path / 'first'}")
+
+
 @pytest.mark.parametrize("override,message", [("trainer.precision=fp8", "trainer.precision='fp8'"),
                                               ("trainer.max_steps=0", "trainer.max_steps"),
                                               ("trainer.optimizer._target_=torch.optim.Nope", "trainer.optimizer"),

@@ -25,7 +25,7 @@ from ..data.speech import BLANK, PHONEMES, CorpusSettings, generate, load_kaldi,
 from ..results import REPO, atomic_write, output_dirs, provenance, save_figure
 from ..training import fit, seed_everything
 from ..training.distributed import is_main
-from ..training.loop import parse_device, to_device
+from ..training.loop import parse_device, step_time_text, to_device
 from ..training.rows import append_row, read_rows
 
 N_LABELS = len(PHONEMES) + 1  # blank + 39 phonemes
@@ -193,7 +193,9 @@ def run(cfg) -> float:
         append_row(run_dir / "results.jsonl", rows[-1])
     print(f"asr {name}: {summary['status']}, {summary['steps']} steps ({summary['epochs']:.1f} epochs), valid PER "
           f"{100 * summary.get('valid_per', float('nan')):.1f}% (beam {100 * summary.get('valid_per_beam', float('nan')):.1f}%), "
-          f"test PER {100 * summary.get('test_per', float('nan')):.1f}%, {summary['time_per_epoch_s']:.1f} s/epoch")
+          f"test PER {100 * summary.get('test_per', float('nan')):.1f}%, "
+          + (f"{summary['time_per_epoch_s']:.1f} s/epoch (median step x steps per epoch), " if final["time_per_step_ms"] else "")
+          + step_time_text(final))
     if is_main() and not in_multirun():
         aggregate(rows, run_dir)
     return float(summary.get("valid_per", float("nan")))

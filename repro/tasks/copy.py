@@ -20,6 +20,7 @@ from ..models import AutoregressiveTransformer
 from ..results import atomic_write, output_dirs, save_figure
 from ..training import fit, seed_everything
 from ..training.distributed import is_main
+from ..training.loop import step_time_text
 from ..training.rows import read_rows
 
 
@@ -60,7 +61,7 @@ def run(cfg) -> float:
     final = fit(model, copy_loss, data, cfg, run_dir=run_dir, eval_data=held_out, identity=identity)
     print(f"copy {name} N={t.max_len} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
           f"eval loss {final.get('eval_loss', float('nan')):.4f}, eval accuracy "
-          f"{final.get('eval_accuracy', float('nan')):.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
+          f"{final.get('eval_accuracy', float('nan')):.4f}, {step_time_text(final)}")
     if is_main() and not in_multirun():
         aggregate(read_rows(run_dir / "results.jsonl"), run_dir)
     return float(final.get("eval_loss", float("nan")))

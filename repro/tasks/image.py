@@ -33,6 +33,7 @@ from ..models.pixels import PixelTransformer, to_images, to_sequence
 from ..results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
 from ..training import fit, load_checkpoint, seed_everything
 from ..training.distributed import is_main
+from ..training.loop import step_time_text
 from ..training.rows import read_rows
 
 MODES = ("train", "sample")
@@ -152,7 +153,7 @@ def run(cfg) -> float:
                 eval_hook=hook)
     bpd = final.get("eval_bits_per_dim", float("nan"))
     print(f"{t.dataset} {name} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
-          f"eval bits/dim {bpd:.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
+          f"eval bits/dim {bpd:.4f}, {step_time_text(final)}")
     if is_main() and not in_multirun():
         aggregate(read_rows(out / "results.jsonl"), out)
     return float(bpd)

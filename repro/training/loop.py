@@ -56,7 +56,7 @@ from ..config import ConfigError, parse_device
 from ..logging import NullLogger, make_logger
 from ..results import provenance
 from . import distributed as ddp
-from .checkpoint import LAST, check_fingerprint, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import LAST, check_fingerprint, check_run_dir, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
 from .optim import build_optimizer, build_scheduler
 from .rows import RowLog, resumed_history
 from .stopping import exit_stopped, stop_on_signals
@@ -177,6 +177,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     t = cfg.trainer
     _validate(t)
     run_dir, device = Path(run_dir), parse_device(cfg.device)
+    check_run_dir(run_dir, t.resume)
     distributed = ddp.init()
     rank, world = ddp.rank(), ddp.world_size()
     main = rank == 0
@@ -207,7 +208,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
 
-    step, history, logger_id, window = 0, [], None, {}
+    step, history, logger_id, window, last_eval = 0, [], None, {}, {}
     if t.resume:
         ckpt = load_checkpoint(t.resume)
         check_fingerprint(ckpt, fingerprint)
@@ -216,7 +217,15 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
             load_into(ckpt, name, obj)
         step, history, logger_id = ckpt["step"], resumed_history(ckpt), ckpt.get("logger_run_id")
         window = ckpt.get("window") or {}  # the steps since the last train row, which it will average
-        print(f"resumed from {ckpt['path']} at step {step}")
+        last_eval = ckpt.get("last_eval") or {}  # what the final row reports until the next evaluation
+        if step > t.max_steps:
+            raise ConfigError(f"trainer.max_steps={t.max_steps} is below the step of the checkpoint it resumes "
+                              f"({ckpt['path']} is at step {step}): set trainer.max_steps={step} or more")
+        if step == t.max_steps:
+            print(f"{ckpt['path']} is at step {step} = trainer.max_steps: the run is finished, nothing to train "
+                  f"(set trainer.max_steps above {step} to train on)")
+        else:
+            print(f"resumed from {ckpt['path']} at step {step}")
     if logger_id and cfg.logger.get("run_id") is None:
         cfg = cfg.copy()
         with open_dict(cfg):
@@ -254,7 +263,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "data": train_data.state_dict(), "rng": rng_state(),
                 "rows_written": len(rows),  # the rows so far live in results.jsonl, not here
-                "window": window,
+                "window": window, "last_eval": last_eval,
                 **({"rng_ranks": rngs, "world_size": world} if distributed else {}),
                 "fingerprint": fingerprint, "logger_run_id": getattr(getattr(logger, "run", None), "id", None),
                 "config": OmegaConf.to_container(cfg, resolve=True)})
@@ -281,7 +290,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         emit("eval", out)
         return out
 
-    step_times, cpu_times, status, last_eval = [], [], "ok", {}
+    step_times, cpu_times, status = [], [], "ok"
     load_start = os.getloadavg()[0]
     began = time.perf_counter()
     bar = tqdm(total=t.max_steps, initial=step, desc=identity.get("task", "train"), unit="step",
@@ -364,6 +373,14 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     if signals:
         exit_stopped(signals[0], step, run_dir, run_dir / LAST if t.checkpoint else None, world, main)
     return final
+
+
+def step_time_text(final: dict) -> str:
+    """The final row's step times for the line a task prints: the mean (steps x mean is the
+    training's wall time, other processes' load included) and the median (a typical step)."""
+    if not final.get("time_per_step_mean_ms"):
+        return "no steps trained in this process"
+    return f"step time mean {final['time_per_step_mean_ms']:.1f} ms (median {final['time_per_step_ms']:.1f} ms)"
 
 
 def rows_last(rows, kind, key):
