@@ -24,7 +24,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from ..attention.base import AttentionLayer
-from ..config import ConfigError, attention_name, building_from_config, in_multirun, parse_device, run_dir as get_run_dir
+from ..config import (ConfigError, attention_name, building_from_config, compose_group, in_multirun, parse_device,
+                      run_dir as get_run_dir)
 from ..data import ShuffledBatches
 from ..data.images import Images, load_images, resize
 from ..models import logistic_mixture as dmol
@@ -93,22 +94,44 @@ def sample_grid(model, shape, n, given, seed, path):
 def _identity(cfg, name, splits, shape):
     m, t = cfg.model, cfg.task
     return {"task": "image", "dataset": t.dataset, "attention": name, "target": cfg.attention._target_,
-            "seed": cfg.seed, "image_shape": list(shape), "predicted_dims": math.prod(shape) - 1,
+            "attention_settings": attention_settings(cfg), "seed": cfg.seed, "image_shape": list(shape), "predicted_dims": math.prod(shape) - 1,
             "data_source": splits.source, "n_train": len(splits.train), "n_test": len(splits.test),
             "batch_size": t.batch_size, "n_layers": t.get("n_layers") or m.n_layers, "d_model": m.d_model,
             "n_heads": m.n_heads, "d_ff": m.d_ff, "dropout": m.dropout, "max_steps": cfg.trainer.max_steps,
             "label": t.label, "publish": t.publish}
 
 
+def _user_set(cfg, name) -> set[str]:
+    """The attention keys the user chose: named on the command line (Hydra's record of the
+    overrides), or, composed without Hydra's runtime, differing from conf/attention/<name>.yaml."""
+    from hydra.core.hydra_config import HydraConfig
+
+    keys = set()
+    if HydraConfig.initialized():
+        for override in HydraConfig.get().overrides.task:
+            key = override.split("=", 1)[0].lstrip("+~")
+            if key.startswith("attention."):
+                keys.add(key.split(".")[1])
+    own = compose_group("attention", name)
+    return keys | {k for k in cfg.attention if k not in own or cfg.attention[k] != own[k]}
+
+
 def _attention_settings(cfg, name):
-    """Per-attention settings of the task (the paper's LSH chunk per image size)."""
+    """The task's per-attention settings (the paper's LSH chunk per image size), except those the
+    user set: attention.chunk_size=... on the command line wins over task.attention_settings."""
     chosen = (cfg.task.get("attention_settings") or {}).get(name) or {}
+    chosen = {k: v for k, v in chosen.items() if k not in _user_set(cfg, name)} if chosen else {}
     if chosen:
         cfg = cfg.copy()
         with open_dict(cfg):
             for k, v in chosen.items():
                 cfg.attention[k] = v
     return cfg
+
+
+def attention_settings(cfg) -> dict:
+    """What the rows record of the attention: every setting it was built with."""
+    return {k: v for k, v in OmegaConf.to_container(cfg.attention, resolve=True).items() if k != "_partial_"}
 
 
 def _data(cfg):
