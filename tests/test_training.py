@@ -179,6 +179,25 @@ def test_max_steps_below_the_checkpoint_is_refused(compose_cfg, tmp_path):
         train(compose_cfg, tmp_path / "rest", "trainer.max_steps=2", f"trainer.resume={tmp_path / 'first'}")
 
 
+def test_threads_default_to_one_on_cpu_and_the_step_time_printed_is_the_mean(compose_cfg, tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # torch's default on a 2-core machine
+        final = train(compose_cfg, tmp_path / "auto", "trainer.max_steps=6", "trainer.checkpoint=false")[-1]
+        assert final["threads"] == torch.get_num_threads() == 1
+        out = capsys.readouterr().out
+        assert (f"step time mean {final['time_per_step_mean_ms']:.1f} ms (median {final['time_per_step_ms']:.1f} ms)"
+                in out)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own choice wins
+        assert train(compose_cfg, tmp_path / "env", "trainer.max_steps=1", "trainer.checkpoint=false")[-1]["threads"] == 2
+        with pytest.raises(ConfigError, match=r"trainer.threads=0; valid: auto, a positive integer, or null"):
+            train(compose_cfg, tmp_path / "bad", "trainer.max_steps=1", "trainer.threads=0")
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("override,message", [("trainer.precision=fp8", "trainer.precision='fp8'"),
                                               ("trainer.max_steps=0", "trainer.max_steps"),
                                               ("trainer.optimizer._target_=torch.optim.Nope", "trainer.optimizer"),

@@ -60,6 +60,7 @@ from .checkpoint import LAST, check_fingerprint, check_run_dir, load_checkpoint,
 from .optim import build_optimizer, build_scheduler
 from .rows import RowLog, resumed_history
 from .stopping import exit_stopped, stop_on_signals
+from .threads import set_threads
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # first steps of a process, left out of time_per_step (allocations, lazy init)
@@ -178,6 +179,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     _validate(t)
     run_dir, device = Path(run_dir), parse_device(cfg.device)
     check_run_dir(run_dir, t.resume)
+    set_threads(t.get("threads", "auto"), device)
     distributed = ddp.init()
     rank, world = ddp.rank(), ddp.world_size()
     main = rank == 0
