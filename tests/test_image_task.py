@@ -203,3 +203,32 @@ def test_bad_mode_and_missing_checkpoint_are_one_line(compose_cfg, tmp_path):
         image.run(compose_cfg("task=mnist", "task.mode=dream", f"+run_dir={tmp_path}"))
     with pytest.raises(ConfigError, match="task.mode=sample needs task.checkpoint"):
         image.run(compose_cfg("task=mnist", "task.mode=sample", f"+run_dir={tmp_path}"))
+
+
+def test_rows_record_the_attention_settings_used(compose_cfg, tmp_path):
+    """task.attention_settings gives LSH the paper's chunk of 29 (the attention's yaml says 32)."""
+    rows = train(compose_cfg, tmp_path, "attention=lsh", "trainer.max_steps=1", "trainer.eval_every=0", "task.n_samples=0")
+    assert rows[-1]["attention_settings"] == {"_target_": "repro.attention.lsh.LSHAttention", "n_buckets": 64,
+                                              "chunk_size": 29, "n_hashes": 4, "combine": "lse", "redraw": True}
+
+
+def test_attention_settings_on_the_command_line_win(tmp_path):
+    """As a user types them: chunk_size=0 is refused in one line (it used to be replaced by 29 and
+    end ok); chunk_size=32, the attention's own default, is kept rather than replaced by 29."""
+    import os
+    import subprocess
+    import sys
+
+    from repro.results import REPO
+
+    common = [sys.executable, "run.py", "experiment=smoke_mnist", "attention=lsh", "trainer.max_steps=1",
+              "trainer.eval_every=0", "task.n_samples=0", "trainer.progress=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    procs = {size: subprocess.Popen([*common, f"attention.chunk_size={size}", f"hydra.run.dir={tmp_path / str(size)}"],
+                                    cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for size in (0, 32)}  # side by side: faster
+    (out0, err0), (out32, err32) = (procs[s].communicate(timeout=300) for s in (0, 32))
+    assert procs[0].returncode == 2 and err0.strip().splitlines() == [
+        "error: lsh: chunk_size and n_hashes must be >= 1; got chunk_size=0, n_hashes=4"], out0
+    assert procs[32].returncode == 0, err32
+    assert read_jsonl(tmp_path / "32/results.jsonl")[-1]["attention_settings"]["chunk_size"] == 32

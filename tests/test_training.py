@@ -26,6 +26,27 @@ def train(compose_cfg, out, *overrides):
     return read_jsonl(out / "results.jsonl")
 
 
+def tiny_fit(cfg, run_dir, loss_fn=copy_loss):
+    """fit() on a 1-layer copy model, the same weights and data stream every call."""
+    seed_everything(0)
+    model = AutoregressiveTransformer(partial(LinearAttention), 11, n_layers=1, d_model=16, n_heads=2, d_ff=16)
+    return fit(model, loss_fn, CopyTask(8, 16, seed=0), cfg, run_dir=run_dir,
+               eval_data=lambda: [next(CopyTask(8, 16, seed=9))])
+
+
+def signal_at_step(n, signum=signal.SIGINT):
+    """copy_loss, sending this process `signum` during the n-th training step (as Ctrl-C or
+    SLURM's SIGTERM would, mid-step)."""
+    calls = []
+
+    def loss_fn(model, batch):
+        calls.append(model.training)  # evaluations call it too, in eval mode
+        if sum(calls) == n and model.training:
+            os.kill(os.getpid(), signum)
+        return copy_loss(model, batch)
+    return loss_fn
+
+
 def losses(rows):
     return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
@@ -91,24 +112,90 @@ def test_checkpoint_write_is_atomic(tmp_path):
     assert load_checkpoint(path)["step"] == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
 
 
-def test_signal_stops_after_the_step_with_a_checkpoint(compose_cfg, tmp_path):
+def test_signal_stops_after_the_step_with_a_checkpoint(compose_cfg, tmp_path, capsys):
     cfg = compose_cfg(*BASE, "trainer.max_steps=50", "trainer.checkpoint_every=0")
-    seed_everything(0)
     data = CopyTask(8, 16, seed=0)
+    seed_everything(0)
     model = AutoregressiveTransformer(partial(LinearAttention), 11, n_layers=1, d_model=16, n_heads=2, d_ff=16)
-    calls = []
-
-    def loss_fn(model, batch):
-        calls.append(1)
-        if len(calls) == 4:
-            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C or SLURM's SIGTERM would, mid-step
-        return copy_loss(model, batch)
-
-    with pytest.raises(KeyboardInterrupt):  # re-raised once the checkpoint is written
-        fit(model, loss_fn, data, cfg, run_dir=tmp_path)
+    with pytest.raises(SystemExit) as stopped:  # once the checkpoint is written
+        fit(model, signal_at_step(4), data, cfg, run_dir=tmp_path)
+    assert stopped.value.code == 130
     final = read_jsonl(tmp_path / "results.jsonl")[-1]
     assert final["status"] == "stopped by signal at step 4" and final["steps"] == 4
     assert load_checkpoint(tmp_path)["step"] == 4 and data.batches == 4
+    assert capsys.readouterr().err == (f"stopped by SIGINT at step 4: checkpoint {tmp_path / 'checkpoints/last.pt'}; "
+                                       f"resume with: add trainer.resume={tmp_path} to the command that started it\n")
+
+
+def test_resume_between_log_points_logs_what_an_uninterrupted_run_logs(compose_cfg, tmp_path):
+    """Stopped at step 4, between the train rows of steps 3 and 6 and the evaluations of steps 5
+    and 9: the resumed run's row of step 6 averages steps 4-6, as the uninterrupted run's does,
+    and no evaluation is logged at the stop."""
+    cfg = partial(compose_cfg, *BASE, "trainer.max_steps=9", "trainer.log_every=3", "trainer.eval_every=5",
+                  "trainer.checkpoint_every=0")
+    tiny_fit(cfg(), tmp_path / "whole")
+    with pytest.raises(SystemExit):
+        tiny_fit(cfg(), tmp_path / "first", signal_at_step(4))
+    assert load_checkpoint(tmp_path / "first")["step"] == 4
+    tiny_fit(cfg(f"trainer.resume={tmp_path / 'first'}"), tmp_path / "rest")
+
+    def logged(path):  # every row but the final one, without the wall-clock fields
+        return [{k: v for k, v in r.items() if k not in ("time", "device")}
+                for r in read_jsonl(path / "results.jsonl") if r["kind"] != "final"]
+
+    whole = logged(tmp_path / "whole")
+    assert [(r["kind"], r["step"]) for r in whole] == [("train", 3), ("eval", 5), ("train", 6), ("train", 9), ("eval", 9)]
+    assert logged(tmp_path / "rest") == whole
+
+
+def test_rerun_in_a_run_dir_with_a_checkpoint_is_refused_and_resume_in_place_works(compose_cfg, tmp_path):
+    train(compose_cfg, tmp_path, "trainer.max_steps=2")
+    before = (tmp_path / "checkpoints/last.pt").read_bytes()
+    with pytest.raises(ConfigError, match=f"already holds a run's checkpoint .*trainer.resume={tmp_path}") as err:
+        train(compose_cfg, tmp_path, "trainer.max_steps=4")  # would start again at step 0
+    assert "\n" not in str(err.value) and (tmp_path / "checkpoints/last.pt").read_bytes() == before
+    with pytest.raises(ConfigError, match="already holds"):  # resuming another run into this one: also refused
+        train(compose_cfg, tmp_path / "other", "trainer.max_steps=2")
+        train(compose_cfg, tmp_path, "trainer.max_steps=4", f"trainer.resume={tmp_path / 'other'}")
+    rows = train(compose_cfg, tmp_path, "trainer.max_steps=4", f"trainer.resume={tmp_path}")  # in place
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4] and rows[-1]["steps"] == 4
+
+
+def test_resuming_a_finished_run_says_so_and_trains_nothing(compose_cfg, tmp_path, capsys):
+    first = train(compose_cfg, tmp_path / "first", "trainer.max_steps=3")
+    capsys.readouterr()
+    rest = train(compose_cfg, tmp_path / "rest", "trainer.max_steps=3", f"trainer.resume={tmp_path / 'first'}")
+    out = capsys.readouterr().out
+    assert "is at step 3 = trainer.max_steps: the run is finished, nothing to train" in out
+    assert "nan" not in out and "ok, step 3" in out and "no steps trained in this process" in out
+    assert [r["kind"] for r in rest] == [r["kind"] for r in first]  # no second evaluation
+    assert rest[-1]["eval_loss"] == first[-1]["eval_loss"] and rest[-1]["steps_this_process"] == 0
+
+
+def test_max_steps_below_the_checkpoint_is_refused(compose_cfg, tmp_path):
+    train(compose_cfg, tmp_path / "first", "trainer.max_steps=4")
+    with pytest.raises(ConfigError, match=r"trainer.max_steps=2 is below the step of the checkpoint it resumes "
+                                          r"\(.*last.pt is at step 4\): set trainer.max_steps=4 or more"):
+        train(compose_cfg, tmp_path / "rest", "trainer.max_steps=2", f"trainer.resume={tmp_path / 'first'}")
+
+
+def test_threads_default_to_one_on_cpu_and_the_step_time_printed_is_the_mean(compose_cfg, tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # torch's default on a 2-core machine
+        final = train(compose_cfg, tmp_path / "auto", "trainer.max_steps=6", "trainer.checkpoint=false")[-1]
+        assert final["threads"] == torch.get_num_threads() == 1
+        out = capsys.readouterr().out
+        assert (f"step time mean {final['time_per_step_mean_ms']:.1f} ms (median {final['time_per_step_ms']:.1f} ms)"
+                in out)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own choice wins
+        assert train(compose_cfg, tmp_path / "env", "trainer.max_steps=1", "trainer.checkpoint=false")[-1]["threads"] == 2
+        with pytest.raises(ConfigError, match=r"trainer.threads=0; valid: auto, a positive integer, or null"):
+            train(compose_cfg, tmp_path / "bad", "trainer.max_steps=1", "trainer.threads=0")
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("override,message", [("trainer.precision=fp8", "trainer.precision='fp8'"),

@@ -22,10 +22,11 @@ from omegaconf import OmegaConf
 from ..config import ConfigError, attention_name, building_from_config, in_multirun, run_dir as get_run_dir
 from ..data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, eval_batches, spec_augment
 from ..data.speech import BLANK, PHONEMES, CorpusSettings, generate, load_kaldi, load_librispeech, load_manifest, load_pocketsphinx
-from ..results import REPO, atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
+from ..results import REPO, atomic_write, output_dirs, provenance, save_figure
 from ..training import fit, seed_everything
 from ..training.distributed import is_main
-from ..training.loop import parse_device, to_device
+from ..training.loop import parse_device, step_time_text, to_device
+from ..training.rows import append_row, read_rows
 
 N_LABELS = len(PHONEMES) + 1  # blank + 39 phonemes
 SOURCES = ("tts", "librispeech", "kaldi")
@@ -187,12 +188,14 @@ def run(cfg) -> float:
     if is_main():  # under DDP every rank decoded; rank 0 writes, as fit does
         if utterances:  # hypotheses against references, per utterance (to wandb as a table with logger=wandb)
             atomic_write(run_dir / "hypotheses.csv", pd.DataFrame(utterances).to_csv(index=False))
-        rows = read_jsonl(run_dir / "results.jsonl")
+        rows = read_rows(run_dir / "results.jsonl")
         rows.append({**identity, "precision": cfg.trainer.precision, "kind": "summary", **summary, **provenance(device)})
-        write_jsonl(run_dir / "results.jsonl", rows)
+        append_row(run_dir / "results.jsonl", rows[-1])
     print(f"asr {name}: {summary['status']}, {summary['steps']} steps ({summary['epochs']:.1f} epochs), valid PER "
           f"{100 * summary.get('valid_per', float('nan')):.1f}% (beam {100 * summary.get('valid_per_beam', float('nan')):.1f}%), "
-          f"test PER {100 * summary.get('test_per', float('nan')):.1f}%, {summary['time_per_epoch_s']:.1f} s/epoch")
+          f"test PER {100 * summary.get('test_per', float('nan')):.1f}%, "
+          + (f"{summary['time_per_epoch_s']:.1f} s/epoch (median step x steps per epoch), " if final["time_per_step_ms"] else "")
+          + step_time_text(final))
     if is_main() and not in_multirun():
         aggregate(rows, run_dir)
     return float(summary.get("valid_per", float("nan")))

@@ -17,9 +17,11 @@ from omegaconf import OmegaConf
 from ..config import ConfigError, attention_name, in_multirun, run_dir as get_run_dir
 from ..data import CopyTask
 from ..models import AutoregressiveTransformer
-from ..results import atomic_write, output_dirs, read_jsonl, save_figure
+from ..results import atomic_write, output_dirs, save_figure
 from ..training import fit, seed_everything
 from ..training.distributed import is_main
+from ..training.loop import step_time_text
+from ..training.rows import read_rows
 
 
 def copy_loss(model, batch):
@@ -59,9 +61,9 @@ def run(cfg) -> float:
     final = fit(model, copy_loss, data, cfg, run_dir=run_dir, eval_data=held_out, identity=identity)
     print(f"copy {name} N={t.max_len} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
           f"eval loss {final.get('eval_loss', float('nan')):.4f}, eval accuracy "
-          f"{final.get('eval_accuracy', float('nan')):.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
+          f"{final.get('eval_accuracy', float('nan')):.4f}, {step_time_text(final)}")
     if is_main() and not in_multirun():
-        aggregate(read_jsonl(run_dir / "results.jsonl"), run_dir)
+        aggregate(read_rows(run_dir / "results.jsonl"), run_dir)
     return float(final.get("eval_loss", float("nan")))
 
 

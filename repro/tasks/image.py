@@ -24,15 +24,18 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from ..attention.base import AttentionLayer
-from ..config import ConfigError, attention_name, building_from_config, in_multirun, parse_device, run_dir as get_run_dir
+from ..config import (ConfigError, attention_name, building_from_config, compose_group, in_multirun, parse_device,
+                      run_dir as get_run_dir)
 from ..data import ShuffledBatches
 from ..data.images import Images, load_images, resize
 from ..models import logistic_mixture as dmol
 from ..models.generate import generate
 from ..models.pixels import PixelTransformer, to_images, to_sequence
-from ..results import atomic_write, output_dirs, provenance, read_jsonl, save_figure, write_jsonl
+from ..results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
 from ..training import fit, load_checkpoint, seed_everything
 from ..training.distributed import is_main
+from ..training.loop import step_time_text
+from ..training.rows import read_rows
 
 MODES = ("train", "sample")
 # The paper's Table 1 and 2 (bits/dim on the test set).
@@ -91,22 +94,44 @@ def sample_grid(model, shape, n, given, seed, path):
 def _identity(cfg, name, splits, shape):
     m, t = cfg.model, cfg.task
     return {"task": "image", "dataset": t.dataset, "attention": name, "target": cfg.attention._target_,
-            "seed": cfg.seed, "image_shape": list(shape), "predicted_dims": math.prod(shape) - 1,
+            "attention_settings": attention_settings(cfg), "seed": cfg.seed, "image_shape": list(shape), "predicted_dims": math.prod(shape) - 1,
             "data_source": splits.source, "n_train": len(splits.train), "n_test": len(splits.test),
             "batch_size": t.batch_size, "n_layers": t.get("n_layers") or m.n_layers, "d_model": m.d_model,
             "n_heads": m.n_heads, "d_ff": m.d_ff, "dropout": m.dropout, "max_steps": cfg.trainer.max_steps,
             "label": t.label, "publish": t.publish}
 
 
+def _user_set(cfg, name) -> set[str]:
+    """The attention keys the user chose: named on the command line (Hydra's record of the
+    overrides), or, composed without Hydra's runtime, differing from conf/attention/<name>.yaml."""
+    from hydra.core.hydra_config import HydraConfig
+
+    keys = set()
+    if HydraConfig.initialized():
+        for override in HydraConfig.get().overrides.task:
+            key = override.split("=", 1)[0].lstrip("+~")
+            if key.startswith("attention."):
+                keys.add(key.split(".")[1])
+    own = compose_group("attention", name)
+    return keys | {k for k in cfg.attention if k not in own or cfg.attention[k] != own[k]}
+
+
 def _attention_settings(cfg, name):
-    """Per-attention settings of the task (the paper's LSH chunk per image size)."""
+    """The task's per-attention settings (the paper's LSH chunk per image size), except those the
+    user set: attention.chunk_size=... on the command line wins over task.attention_settings."""
     chosen = (cfg.task.get("attention_settings") or {}).get(name) or {}
+    chosen = {k: v for k, v in chosen.items() if k not in _user_set(cfg, name)} if chosen else {}
     if chosen:
         cfg = cfg.copy()
         with open_dict(cfg):
             for k, v in chosen.items():
                 cfg.attention[k] = v
     return cfg
+
+
+def attention_settings(cfg) -> dict:
+    """What the rows record of the attention: every setting it was built with."""
+    return {k: v for k, v in OmegaConf.to_container(cfg.attention, resolve=True).items() if k != "_partial_"}
 
 
 def _data(cfg):
@@ -151,9 +176,9 @@ def run(cfg) -> float:
                 eval_hook=hook)
     bpd = final.get("eval_bits_per_dim", float("nan"))
     print(f"{t.dataset} {name} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
-          f"eval bits/dim {bpd:.4f}, {final['time_per_step_ms'] or float('nan'):.1f} ms/step")
+          f"eval bits/dim {bpd:.4f}, {step_time_text(final)}")
     if is_main() and not in_multirun():
-        aggregate(read_jsonl(out / "results.jsonl"), out)
+        aggregate(read_rows(out / "results.jsonl"), out)
     return float(bpd)
 
 

@@ -34,6 +34,7 @@ from ..models.generate import MODES, generate
 from ..models.pixels import IMAGE_SHAPES, PixelTransformer
 from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
 from ..training.loop import compile_backends, compile_step
+from ..training.threads import set_threads
 
 TASK_MODES = MODES + ("floor",)
 
@@ -169,8 +170,7 @@ def run(cfg) -> float:
             raise ConfigError(f"task.methods.{label}.compile={backend!r}; valid: {', '.join(valid)}")
         methods[label] = (m.attention, m.mode, compose_group("attention", m.attention), m.get("settings") or {},
                           backend)
-    if t.get("threads"):
-        torch.set_num_threads(int(t.threads))
+    set_threads(t.get("threads", "auto"), device, "task.threads")
     out, meta, rows = run_dir(cfg), provenance(device), []
     jobs = [(s, label, b) for s in t.sizes for label in methods for b in t.batches]
     for size, label, batch in tqdm(jobs, desc="throughput", unit="run"):

@@ -49,6 +49,17 @@ def find_checkpoint(path) -> Path:
     return p
 
 
+def check_run_dir(run_dir, resume):
+    """A run dir holding a checkpoint belongs to that run: training again there (from step 0)
+    would overwrite its checkpoint and rows, so it is refused unless trainer.resume names that
+    very checkpoint (continuing the run in place)."""
+    mine = Path(run_dir) / LAST
+    if mine.is_file() and not (resume and find_checkpoint(resume).resolve() == mine.resolve()):
+        raise ConfigError(f"{run_dir} already holds a run's checkpoint ({mine}): continue that run with "
+                          f"trainer.resume={run_dir}, or train afresh in a new run dir (leave hydra.run.dir unset, "
+                          f"or name another)")
+
+
 def load_checkpoint(path) -> dict:
     path = find_checkpoint(path)
     try:

@@ -17,12 +17,14 @@ trainer.eval_every steps an "eval" row, at the end a "final" row go to <run dir>
 (each with the task's identity and repro.results.provenance) and to the logger.
 
 Resume: trainer.resume=<run dir or checkpoint file> restores model, optimizer, scheduler,
-step, data stream, every RNG state, the rows so far and the wandb run id; the run then goes on
-exactly as if never stopped (tests/test_training.py checks the next losses are equal). A
-resumed run writes into its own new run dir, whose results.jsonl holds the whole history.
+step, data stream, every RNG state and the wandb run id; the run then goes on exactly as if never
+stopped (tests/test_training.py checks the next losses are equal). Rows are appended to
+results.jsonl one line at a time (repro.training.rows); the checkpoint records how many there
+were, and a resume starts its results.jsonl with those rows from the checkpoint's run dir, so
+the resumed run dir (a new one, or the same) holds the whole history and nothing after it.
 SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the current step; the
-checkpoint and the final row are written, then the signal takes its usual course
-(KeyboardInterrupt for SIGINT, exit for SIGTERM).
+checkpoint and the final row are written, one line names the checkpoint and the command that
+resumes it, and the process exits 130 (SIGINT) or 143 (SIGTERM) (repro.training.stopping).
 
 DDP (repro.training.distributed): under torchrun, or SLURM with several tasks, fit() joins the
 process group, wraps the model in DistributedDataParallel and gives each rank its slice of the
@@ -40,9 +42,7 @@ module, so checkpoints stay interchangeable.
 import math
 import os
 import random
-import signal
 import statistics
-import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -54,10 +54,13 @@ from tqdm import tqdm
 
 from ..config import ConfigError, parse_device
 from ..logging import NullLogger, make_logger
-from ..results import provenance, write_jsonl
+from ..results import provenance
 from . import distributed as ddp
-from .checkpoint import LAST, check_fingerprint, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import LAST, check_fingerprint, check_run_dir, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
 from .optim import build_optimizer, build_scheduler
+from .rows import RowLog, resumed_history
+from .stopping import exit_stopped, stop_on_signals
+from .threads import set_threads
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # first steps of a process, left out of time_per_step (allocations, lazy init)
@@ -77,24 +80,6 @@ def to_device(batch, device):
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
-
-
-@contextmanager
-def _stop_on_signals():
-    """Yields a list that SIGINT/SIGTERM append their number to, so the loop can finish the
-    step and checkpoint before leaving; the caller then re-raises the signal."""
-    caught = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in old:
-        signal.signal(s, lambda signum, _: caught.append(signum))
-    try:
-        yield caught
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _validate(t):
@@ -193,6 +178,8 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     t = cfg.trainer
     _validate(t)
     run_dir, device = Path(run_dir), parse_device(cfg.device)
+    check_run_dir(run_dir, t.resume)
+    set_threads(t.get("threads", "auto"), device)
     distributed = ddp.init()
     rank, world = ddp.rank(), ddp.world_size()
     main = rank == 0
@@ -223,15 +210,24 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
 
-    step, rows, logger_id = 0, [], None
+    step, history, logger_id, window, last_eval = 0, [], None, {}, {}
     if t.resume:
         ckpt = load_checkpoint(t.resume)
         check_fingerprint(ckpt, fingerprint)
         for name, obj in [("model", model), ("optimizer", optimizer), ("data", train_data)] + \
                          ([("scheduler", scheduler)] if scheduler is not None else []):
             load_into(ckpt, name, obj)
-        step, rows, logger_id = ckpt["step"], ckpt["rows"], ckpt.get("logger_run_id")
-        print(f"resumed from {ckpt['path']} at step {step}")
+        step, history, logger_id = ckpt["step"], resumed_history(ckpt), ckpt.get("logger_run_id")
+        window = ckpt.get("window") or {}  # the steps since the last train row, which it will average
+        last_eval = ckpt.get("last_eval") or {}  # what the final row reports until the next evaluation
+        if step > t.max_steps:
+            raise ConfigError(f"trainer.max_steps={t.max_steps} is below the step of the checkpoint it resumes "
+                              f"({ckpt['path']} is at step {step}): set trainer.max_steps={step} or more")
+        if step == t.max_steps:
+            print(f"{ckpt['path']} is at step {step} = trainer.max_steps: the run is finished, nothing to train "
+                  f"(set trainer.max_steps above {step} to train on)")
+        else:
+            print(f"resumed from {ckpt['path']} at step {step}")
     if logger_id and cfg.logger.get("run_id") is None:
         cfg = cfg.copy()
         with open_dict(cfg):
@@ -247,21 +243,29 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     meta = provenance(device)
     identity.update(precision=t.precision, device_type=device.type)
 
+    # results.jsonl: the resumed history, then one appended line per row (rank 0 writes)
+    rows = RowLog(run_dir / "results.jsonl", history, write=main)
+    last_train_loss = rows_last(history, "train", "loss")
+
     def emit(kind, metrics):
+        nonlocal last_train_loss
         row = {**identity, "kind": kind, "step": step, **metrics, **meta}
         rows.append(row)
-        if main:
-            write_jsonl(run_dir / "results.jsonl", rows)
+        if kind == "train":
+            last_train_loss = row.get("loss")
         logger.log({f"{kind}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
         return row
 
     def checkpoint():
         rngs = ddp.all_gather_object(rng_state()) if distributed else None  # a collective: every rank
         if main:
+            rows.sync()
             save_checkpoint(run_dir / LAST, {
                 "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "data": train_data.state_dict(), "rng": rng_state(), "rows": rows,
+                "data": train_data.state_dict(), "rng": rng_state(),
+                "rows_written": len(rows),  # the rows so far live in results.jsonl, not here
+                "window": window, "last_eval": last_eval,
                 **({"rng_ranks": rngs, "world_size": world} if distributed else {}),
                 "fingerprint": fingerprint, "logger_run_id": getattr(getattr(logger, "run", None), "id", None),
                 "config": OmegaConf.to_container(cfg, resolve=True)})
@@ -288,12 +292,12 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         emit("eval", out)
         return out
 
-    window, step_times, cpu_times, status, last_eval = {}, [], [], "ok", {}
+    step_times, cpu_times, status = [], [], "ok"
     load_start = os.getloadavg()[0]
     began = time.perf_counter()
     bar = tqdm(total=t.max_steps, initial=step, desc=identity.get("task", "train"), unit="step",
                dynamic_ncols=True, disable=not t.progress or not main)
-    with _stop_on_signals() as stop:
+    with stop_on_signals() as stop:
         while step < t.max_steps:
             t0, c0 = time.perf_counter(), time.process_time()
             batch = to_device(next(train_data), device)
@@ -332,7 +336,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                 logged = {k: _mean(v) for k, v in window.items()}
                 emit("train", {**logged, "lr": optimizer.param_groups[0]["lr"]})
                 bar.set_postfix(loss=f"{logged['loss']:.4f}")
-                window = {}
+                window.clear()  # (in place: checkpoint() saves this dict)
             if t.eval_every and (step % t.eval_every == 0 or step == t.max_steps):
                 last_eval = run_eval()
             if t.checkpoint and t.checkpoint_every and step % t.checkpoint_every == 0:
@@ -341,7 +345,9 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                 status = f"stopped by signal at step {step}"
                 break
     bar.close()
-    if t.eval_every and not last_eval and status.startswith(("ok", "stopped")) and step > 0:
+    if t.eval_every and not last_eval and status == "ok" and step > 0:
+        # a run that ended between evaluations (a stopped run is not ended: it evaluates at its
+        # next eval step after the resume, as an uninterrupted run does, and logs no extra row)
         last_eval = run_eval()
     if t.checkpoint and not status.startswith(("oom", "error")):
         checkpoint()  # at exit: what a resume continues from
@@ -349,7 +355,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     cpu = cpu_times[WARMUP_STEPS:] or cpu_times
     final = emit("final", {
         "status": status, "steps": step, "steps_this_process": len(step_times),
-        "train_loss": rows_last(rows, "train", "loss"),
+        "train_loss": last_train_loss,
         **{f"eval_{k}": v for k, v in last_eval.items()},
         "time_per_step_ms": 1e3 * statistics.median(timed) if timed else None,
         "time_per_step_mean_ms": 1e3 * _mean(timed) if timed else None,
@@ -360,11 +366,23 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         "loadavg_1min_start": load_start, "loadavg_1min_end": os.getloadavg()[0],
         "threads": torch.get_num_threads(), "world_size": world,
         **({"compile_backend": t.get("compile_backend", "inductor")} if t.get("compile", False) else {})})
+    rows.close()
     logger.finish()
     ddp.barrier()  # rank 0's rows are on disk before any rank goes on to read them
-    if stop and stop[0] is not None:  # checkpoint and rows are written: now end as the signal asked (a multirun stops too)
-        signal.raise_signal(stop[0])
+    # checkpoint and rows are written: one line, then exit 130/143 (a multirun stops too). Every
+    # rank asks (a collective), in case a signal reached one rank after the last step.
+    signals = [s for s in ddp.all_gather_object(stop[0] if stop else None) if s is not None]
+    if signals:
+        exit_stopped(signals[0], step, run_dir, run_dir / LAST if t.checkpoint else None, world, main)
     return final
+
+
+def step_time_text(final: dict) -> str:
+    """The final row's step times for the line a task prints: the mean (steps x mean is the
+    training's wall time, other processes' load included) and the median (a typical step)."""
+    if not final.get("time_per_step_mean_ms"):
+        return "no steps trained in this process"
+    return f"step time mean {final['time_per_step_mean_ms']:.1f} ms (median {final['time_per_step_ms']:.1f} ms)"
 
 
 def rows_last(rows, kind, key):

@@ -1,0 +1,55 @@
+"""Stopping `python run.py` from outside, as a user does: SIGTERM, Ctrl-C (SIGINT), and SIGINT to
+a process started with SIGINT ignored. Each writes its checkpoint, prints one line naming it and
+the command that resumes it, and exits 143 / 130 without a traceback; the printed command resumes."""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from repro.results import REPO, read_jsonl
+from repro.training import load_checkpoint
+
+ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",
+        "trainer.log_every=1", "trainer.eval_every=0", "trainer.max_steps=100000", "trainer.progress=false"]
+
+
+def start(run_dir, ignore_sigint=False):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.Popen(
+        [sys.executable, "run.py", *ARGS, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
+
+
+def test_sigterm_ctrl_c_and_ignored_sigint_stop_with_a_checkpoint_and_one_line(compose_cfg, tmp_path):
+    cases = {"term": (signal.SIGTERM, False, 143), "int": (signal.SIGINT, False, 130),
+             "int-ignored": (signal.SIGINT, True, 130)}
+    procs = {name: start(tmp_path / name, ignore) for name, (_, ignore, _) in cases.items()}  # side by side: faster
+    waiting, deadline = set(procs), time.time() + 120
+    while waiting and time.time() < deadline:  # signal each once it is training (its first row written)
+        for name in list(waiting):
+            rows = tmp_path / name / "results.jsonl"
+            if rows.exists() and rows.read_text().count("\n") >= 1:
+                procs[name].send_signal(cases[name][0])
+                waiting.discard(name)
+        time.sleep(0.05)
+    assert not waiting, "the runs did not start training within 120 s"
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        run_dir, code = tmp_path / name, cases[name][2]
+        step = load_checkpoint(run_dir)["step"]
+        line = (f"stopped by {cases[name][0].name} at step {step}: checkpoint {run_dir / 'checkpoints/last.pt'}; "
+                f"resume with: python run.py {' '.join(ARGS)} trainer.resume={run_dir}")
+        assert (proc.returncode, err.strip()) == (code, line), out
+        assert read_jsonl(run_dir / "results.jsonl")[-1]["steps"] == step
+
+    # the printed command continues the run (composed here, two more steps, instead of 100,000)
+    command = shlex.split(err.strip().split("resume with: ")[1])
+    assert command[:2] == ["python", "run.py"]
+    from repro.tasks.copy import run
+
+    run(compose_cfg(*command[2:], f"trainer.max_steps={step + 2}", f"+task.out_dir={tmp_path / 'resumed'}"))
+    rows = read_jsonl(tmp_path / "resumed/results.jsonl")
+    assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, step + 3))
