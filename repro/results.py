@@ -83,8 +83,16 @@ def write_jsonl(path, rows):
 
 
 def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a JSONL file. A torn last line (no newline, not valid JSON: a run killed while
+    appending, repro.training.rows) is left out; any other bad line is an error."""
+    lines = Path(path).read_text().split("\n")
+    rows = [json.loads(line) for line in lines[:-1] if line.strip()]
+    if lines[-1].strip():  # no newline after the last line: whole if it parses, torn if not
+        try:
+            rows.append(json.loads(lines[-1]))
+        except json.JSONDecodeError:
+            pass
+    return rows
 
 
 @lru_cache(maxsize=None)

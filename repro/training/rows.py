@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from ..results import atomic_write
+from ..results import atomic_write, read_jsonl
 
 
 def _line(row) -> str:
@@ -20,15 +20,7 @@ def _line(row) -> str:
 
 def read_rows(path) -> list[dict]:
     """The rows of a results.jsonl; a torn last line (no newline, not valid JSON) is left out."""
-    text = Path(path).read_text()
-    lines = text.split("\n")
-    rows = [json.loads(line) for line in lines[:-1] if line.strip()]
-    if lines[-1].strip():  # the last line has no newline: whole if it parses, torn if not
-        try:
-            rows.append(json.loads(lines[-1]))
-        except json.JSONDecodeError:
-            pass
-    return rows
+    return read_jsonl(path)
 
 
 def append_row(path, row: dict):
