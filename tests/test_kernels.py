@@ -14,6 +14,13 @@ SHAPES = [  # (B, H, N, D, M): N = 1, N below / not a multiple of / far past the
 ]
 
 
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    """These are CPU tests of the dispatcher's torch path: REPRO_KERNEL=cupy, set for the GPU
+    kernel tests, must not reach them (the tests that want it set it themselves)."""
+    monkeypatch.delenv("REPRO_KERNEL", raising=False)
+
+
 def _inputs(b, h, n, d, m, dtype=torch.float64):
     return [torch.randn(b, h, n, x, dtype=dtype, requires_grad=True) for x in (d, d, m)]
 
