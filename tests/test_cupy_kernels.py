@@ -388,6 +388,20 @@ def test_bench_runs_on_cpu_with_missing_peers_and_resumes(tmp_path):
     assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 12 + 8
 
 
+def test_bench_skips_a_method_whose_one_call_is_too_slow(tmp_path):
+    """A point whose first call passes --max-call-s is 'skipped', and the longer N of that
+    method and pass with it, also after a rerun (so a slow fp32 SDPA cannot eat the step)."""
+    from repro.kernels import bench
+    args = ["--device", "cpu", "--lengths", "16", "32", "--dtypes", "fp32", "--batch", "1", "--heads", "1",
+            "--dim", "4", "--warmup", "1", "--repeats", "1", "--calls", "1", "--methods", "torch",
+            "--max-call-s", "1e-9", "--out-dir", str(tmp_path)]
+    rows = {(r["n"], r["pass"]): r["status"] for r in bench.main(args)}
+    assert rows[(16, "fwd")].startswith("skipped: one call takes") and rows[(32, "fwd")] == \
+        "skipped: N=16 was over --max-call-s"
+    rows = {(r["n"], r["pass"]): r["status"] for r in bench.main(args)}
+    assert rows[(32, "fwd_bwd")] == "skipped: N=16 was over --max-call-s"
+
+
 def test_bench_fast_transformers_source_from_the_sdist(tmp_path):
     """The authors' kernel is built from one file of their sdist: extracting it from an sdist
     laid out like pip's download, and saying what is missing when there is none."""

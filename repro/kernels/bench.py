@@ -18,6 +18,8 @@ Timing on CUDA: each event pair spans `--calls` calls, each after a write of a b
 L2 cache (so no call finds the previous one's data in L2, and the flush gives the host time to
 queue the next call); the flushes alone are timed the same way and subtracted. The row's ms is
 the median over `--repeats` pairs, per call. On a CPU the same with a wall clock and no flush.
+A slow point takes fewer calls and pairs (--point-budget-s); one whose single call passes
+--max-call-s is 'skipped', with the longer N of that method (the fp32 SDPA at 64k, say).
 
 The bandwidth floor: the bytes a pass must move at least (fwd: read q, k, v and write out;
 fwd_bwd: that plus read q, k, v, g and write the three gradients) over the copy bandwidth
@@ -73,27 +75,36 @@ def _methods(device, ft_sdist=None):
     }
 
 
+class TooSlow(Exception):
+    """One call takes longer than the benchmark allows a call."""
+
+
 class Timer:
     """ms per call of fn: CUDA events around `calls` calls, each after an L2 flush, minus the
-    flushes alone; on a CPU a wall clock around `calls` calls."""
+    flushes alone; on a CPU a wall clock around `calls` calls. A point whose first call shows
+    that calls x repeats would pass `budget_s` gets fewer of both (at least one pair of one)."""
 
-    def __init__(self, device, calls=5):
-        self.device, self.calls = device, calls
+    def __init__(self, device, calls=5, budget_s=None, max_call_s=None):
+        self.device, self.calls, self.budget_s, self.max_call_s = device, calls, budget_s, max_call_s
         self.flush_bytes = 0
         if device.type == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20
             self.flush_bytes = 2 * l2
             self.buffer = torch.empty(self.flush_bytes, dtype=torch.uint8, device=device)
 
-    def _pair_ms(self, fn):
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _pair_ms(self, fn, calls):
         if self.device.type != "cuda":
             t0 = time.perf_counter()
-            for _ in range(self.calls):
+            for _ in range(calls):
                 fn()
             return (time.perf_counter() - t0) * 1e3
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(self.calls):
+        for _ in range(calls):
             self.buffer.zero_()
             if fn is not None:
                 fn()
@@ -102,11 +113,24 @@ class Timer:
         return start.elapsed_time(end)
 
     def __call__(self, fn, warmup, repeats):
-        for _ in range(warmup):
+        """(ms per call, calls per pair, pairs)."""
+        self._sync()
+        t0 = time.perf_counter()
+        fn()  # the first warm-up call, timed on the wall clock: how long may this point take?
+        self._sync()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        if self.max_call_s and first_ms > 1e3 * self.max_call_s:
+            raise TooSlow(f"one call takes {first_ms / 1e3:.1f} s (over --max-call-s {self.max_call_s})")
+        calls = self.calls
+        if self.budget_s:
+            allowed = max(1, int(1e3 * self.budget_s / max(first_ms, 1e-3)))  # calls that fit the budget
+            calls = max(1, min(calls, allowed // max(repeats, 1)))
+            repeats = max(1, min(repeats, allowed // calls))
+        for _ in range(warmup - 1):
             fn()
-        total = statistics.median(self._pair_ms(fn) for _ in range(repeats))
-        flush = statistics.median(self._pair_ms(None) for _ in range(repeats)) if self.flush_bytes else 0.0
-        return max(total - flush, 0.0) / self.calls
+        total = statistics.median(self._pair_ms(fn, calls) for _ in range(repeats))
+        flush = statistics.median(self._pair_ms(None, calls) for _ in range(repeats)) if self.flush_bytes else 0.0
+        return max(total - flush, 0.0) / calls, calls, repeats
 
 
 def copy_bandwidth(device, nbytes=None, repeats=10):
@@ -114,7 +138,7 @@ def copy_bandwidth(device, nbytes=None, repeats=10):
     nbytes = nbytes or (1 << 30 if device.type == "cuda" else 64 << 20)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = Timer(device, calls=1)(lambda: dst.copy_(src), 2, repeats)
+    ms, _, _ = Timer(device, calls=1)(lambda: dst.copy_(src), 2, repeats)
     del src, dst
     return 2 * nbytes / (max(ms, 1e-6) / 1e3)
 
@@ -176,6 +200,10 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10, help="event pairs per point (the median is kept)")
     ap.add_argument("--calls", type=int, default=5, help="calls per event pair")
+    ap.add_argument("--point-budget-s", type=float, default=8.0, help="a point whose first call shows that "
+                    "calls x repeats would take longer gets fewer of both")
+    ap.add_argument("--max-call-s", type=float, default=20.0, help="a point whose one call takes longer is "
+                    "'skipped', and so are the longer N of that method, pass and dtype")
     ap.add_argument("--device", default=None, help="cuda (default when one is visible) or cpu")
     ap.add_argument("--ft-sdist", default=None, help="the pytorch-fast-transformers-0.4.0 sdist "
                     "(default: $REPRO_FT_SDIST, else gpu_bundle/)")
@@ -202,8 +230,14 @@ def main(argv=None):
     rows_path = os.path.join(out_dir, "bench.jsonl")
     rows = read_jsonl(rows_path) if os.path.exists(rows_path) else []
     # a rerun measures again only what did not finish: not the missing peers nor the errors
-    done = {tuple(r.get(c) for c in KEY) for r in rows if r["status"] in ("ok", "oom")}
-    timer = Timer(device, args.calls)
+    done = {tuple(r.get(c) for c in KEY) for r in rows
+            if r["status"] in ("ok", "oom") or r["status"].startswith("skipped: one call")}
+    timer = Timer(device, args.calls, args.point_budget_s, args.max_call_s)
+    too_slow = {}  # (method, pass, dtype) -> the N whose one call was over --max-call-s
+    for r in rows:
+        if r["status"].startswith("skipped: one call") and (r["batch"], r["heads"], r["d"]) == (args.batch, args.heads, args.dim):
+            key = (r["method"], r["pass"], r["dtype"])
+            too_slow[key] = min(too_slow.get(key, r["n"]), r["n"])
     bandwidth = copy_bandwidth(device)
     print(f"copy bandwidth: {bandwidth / 1e9:.0f} GB/s on {base['device']}; rows -> {rows_path}")
     b, h, d = args.batch, args.heads, args.dim
@@ -219,17 +253,23 @@ def main(argv=None):
                            "dtype": dtype_name, "batch": b, "heads": h, "n": n, "d": d, "m": d, "seed": n,
                            "calls_per_event_pair": args.calls, "l2_flush_bytes": timer.flush_bytes,
                            "copy_bandwidth_gbs": bandwidth / 1e9, "floor_ms": floor_ms}
-                    if tuple(row[c] for c in KEY) in done:
+                    if tuple(row[c] for c in KEY) in done:  # measured by an earlier run
                         continue
                     if peer.fn is None:
                         row["status"] = peer.why
+                    elif n > too_slow.get((name, pass_name, dtype_name), n):
+                        row["status"] = f"skipped: N={too_slow[(name, pass_name, dtype_name)]} was over --max-call-s"
                     elif dtype not in peer.dtypes:
                         row["status"] = f"missing: {name} takes {', '.join(str(t) for t in peer.dtypes)} only"
                     else:
                         try:
-                            ms = measure(peer, b, h, n, d, d, dtype, device, backward, timer,
-                                         args.warmup, args.repeats)
-                            row.update(status="ok", ms=ms, pct_of_floor=100 * floor_ms / max(ms, 1e-9))
+                            ms, calls, pairs = measure(peer, b, h, n, d, d, dtype, device, backward, timer,
+                                                       args.warmup, args.repeats)
+                            row.update(status="ok", ms=ms, pct_of_floor=100 * floor_ms / max(ms, 1e-9),
+                                       calls_per_event_pair=calls, event_pairs=pairs)
+                        except TooSlow as err:
+                            row["status"] = f"skipped: {err}"
+                            too_slow[(name, pass_name, dtype_name)] = n
                         except torch.OutOfMemoryError:
                             row["status"] = "oom"
                         except Exception as err:  # a peer that cannot take this dtype or size
