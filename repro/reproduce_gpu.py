@@ -15,7 +15,8 @@
   5 copy        the copy task at the paper's settings (experiment=paper_copy, 10,000 updates),
                 softmax, linear and lsh-4, seed 0
   6 mnist       MNIST, the paper's 8-layer model on the embedded digits, the same training wall
-                time for softmax, linear, lsh-1 and lsh-4: bits/dim against steps and against time
+                time (60 s, from the first logged row) for softmax, linear, lsh-1 and lsh-4:
+                bits/dim against steps and against time
   7 speech      speech timing at about 800 frames, softmax against linear, the paper's encoder sizes
 
 Each step runs the suite's own commands (`python run.py experiment=... task.*=...`,
@@ -47,8 +48,9 @@ from .results import REPO, atomic_write, provenance, read_jsonl
 STEPS = {1: "env", 2: "kernels", 3: "figure1", 4: "generation", 5: "copy", 6: "mnist", 7: "speech"}
 COPY_ATTENTIONS = ("softmax", "linear", "lsh-4")
 MNIST_ATTENTIONS = ("softmax", "linear", "lsh-1", "lsh-4")
-MNIST_WALL_S = 80  # training seconds per attention in step 6 (4 of them, plus start-up and evaluation)
-COPY_WALL_S = 140  # per attention in step 5; a run cut here resumes from its checkpoint next time
+MNIST_WALL_S = 60  # training seconds per attention in step 6 (4 of them, plus start-up and evaluation)
+COPY_WALL_S = 120  # per attention in step 5; a run cut here resumes from its checkpoint next time
+STEP_WALL_S = 450  # any other job: past it, SIGTERM (its finished points are kept; a rerun resumes)
 
 
 @dataclass
@@ -105,18 +107,18 @@ def env_jobs(ctx):
     san_skip = gpu or (None if sanitizer else "compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
     tests = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cupy_kernels.py",
              f"--junitxml={d / 'kernel_tests.xml'}"]
-    return [Job("kernel_tests", tests, env={"REPRO_KERNEL": "cupy"}, skip=gpu)] + [
+    return [Job("kernel_tests", tests, env={"REPRO_KERNEL": "cupy"}, skip=gpu, wall_s=300)] + [
         Job(tool, [sanitizer or "compute-sanitizer", "--tool", tool, "--error-exitcode", "1",
-                   sys.executable, "-m", "repro.kernels.sanitize"], skip=san_skip)
+                   sys.executable, "-m", "repro.kernels.sanitize"], skip=san_skip, wall_s=150)
         for tool in ("memcheck", "racecheck")]
 
 
 def kernels_jobs(ctx):
-    args = [sys.executable, "-m", "repro.kernels.bench", "--out-dir", str(ctx.out / "kernels")]
+    args = [sys.executable, "-m", "repro.kernels.bench", "--out-dir", str(ctx.out / "kernels"), "--point-budget-s", "4"]
     if ctx.smoke:
         args += ["--device", "cpu", "--lengths", "64", "--dtypes", "fp32", "--batch", "1", "--heads", "1",
                  "--dim", "8", "--warmup", "0", "--repeats", "1", "--calls", "1", "--methods", "cupy", "torch", "sdpa"]
-    return [Job("bench", args)]
+    return [Job("bench", args, wall_s=STEP_WALL_S)]
 
 
 def figure1_jobs(ctx):
@@ -126,7 +128,7 @@ def figure1_jobs(ctx):
                 {"model": "tiny", "task.attentions": "[softmax,linear]", "task.lengths": "[32,64]", "task.tokens": 64,
                  "task.warmup": 0, "task.repeats": 1, "task.isolate": "false"},
                 run_dir=ctx.runs / "figure1")
-    return [Job("benchmark", argv)]
+    return [Job("benchmark", argv, wall_s=STEP_WALL_S)]
 
 
 def generation_jobs(ctx):
@@ -135,7 +137,7 @@ def generation_jobs(ctx):
                 {"model": "tiny", "task.sizes": "[mnist]", "task.batches": "[1]", "task.time_budget_s": 0.5,
                  "task.probes": 2},
                 run_dir=ctx.runs / "generation")
-    return [Job("throughput", argv)]
+    return [Job("throughput", argv, wall_s=STEP_WALL_S)]
 
 
 def copy_jobs(ctx):
@@ -187,7 +189,7 @@ def speech_jobs(ctx):
                  "task.batch_size": 4, "trainer.max_steps": 2, "task.beam_size": 0,
                  "task.data_dir": ctx.runs / "speech_data", "task.label": "smoke"},
                 multirun=True, sweep_dir=ctx.runs / "speech")
-    return [Job("asr_speed", argv)]
+    return [Job("asr_speed", argv, wall_s=STEP_WALL_S)]
 
 
 def env_report(ctx):
