@@ -16,7 +16,7 @@ if [ -f gpu_bundle/requirements.txt ] && ! cmp -s gpu_bundle/requirements.txt "$
     && cp gpu_bundle/requirements.txt "$SITE/.installed" || { echo "with_gpu_bundle: installing the bundle failed" >&2; exit 2; }
 fi
 [ -d "$SITE" ] || echo "with_gpu_bundle: no gpu_bundle/ here (make gpu-bundle on a machine with PyPI); running without it" >&2
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"  # bin: ninja, for cpp_extension
 "$@"
 rc=$?
 if [ -n "${OUT:-}" ] && [ -d results/gpu ]; then

