@@ -26,9 +26,10 @@ from . import cuda_build
 # THE SWITCH. False until tests/test_cupy_kernels.py has passed on a real GPU: until then the
 # dispatcher and the attention module use these kernels only under REPRO_KERNEL=cupy, and the
 # torch path stays the default on CUDA. To flip it, on a machine with a GPU run
-#     REPRO_KERNEL=cupy python -m pytest -q tests/test_cupy_kernels.py
-# and, when every test passes (none skipped), set GPU_VERIFIED = True and note the GPU and
-# the commit in the commit message.
+#     REPRO_KERNEL=cupy python -m pytest -q -rs tests/test_cupy_kernels.py
+# (step 1 of `python -m repro.reproduce_gpu` runs it) and, when every test passes with none of
+# the GPU tests skipped (the nvcc compile test may skip where nvcc is absent), set
+# GPU_VERIFIED = True and note the GPU and the commit in the commit message.
 GPU_VERIFIED = False
 
 # bf16 products on tensor cores (causal_dot_tc.cu); fp32 and fp16 always take the FMA kernel.
