@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test clean-venv
+.PHONY: setup run test clean-venv gpu-bundle check-gpu-bundle
 setup: $(VENV)/.installed
 
 # Re-installs only when requirements.txt changes.
@@ -18,6 +18,15 @@ run: setup
 
 test: setup
 	WANDB_MODE=disabled $(PY) -m pytest -q tests
+
+# Wheels (Python 3.12, manylinux x86_64) + the fast-transformers sdist for an offline GPU machine,
+# in gpu_bundle/ (git-ignored, <= 60 MB); see README "Running on a GPU". Needs PyPI.
+gpu-bundle: setup
+	PY=$(PY) bash scripts/gpu_bundle.sh
+
+# Installs gpu_bundle/ with --no-index into a clean Python 3.12 venv and imports what it holds.
+check-gpu-bundle:
+	bash scripts/check_gpu_bundle.sh
 
 clean-venv:
 	rm -rf $(VENV)

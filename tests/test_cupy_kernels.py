@@ -2,24 +2,43 @@
 
 Without a GPU: every .cu source compiles with NVRTC for sm_80 and sm_90 (and with nvcc when
 it is installed), the numpy model of the kernels' tiling (repro/kernels/emulate.py) matches
-the float64 reference, and the backend declines CPU tensors with its reason.
+the float64 reference, the ops' fakes (what torch.compile sees) match the real ops, and the
+backend declines CPU tensors with its reason.
 With a GPU: forward and gradients against the float64 reference, on odd shapes, with every
 output pre-filled with NaN so an element no thread writes fails the test.
+
+The GPU verification command (see README, "Running on a GPU"); it needs only torch, CuPy,
+numpy and pytest:
+    REPRO_KERNEL=cupy python -m pytest -q tests/test_cupy_kernels.py
+Every test here sets the backend it needs itself (REPRO_KERNEL is cleared for each test and
+the GPU tests force cupy), so the variable cannot break the CPU tests; the CPU references
+never go through the dispatcher.
 """
 import re
 import shutil
 import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from repro.kernels import (causal_dot_product, causal_dot_product_naive, cuda_build, cupy_backend,
-                           emulate, select_backend)
+from repro.kernels import (causal_dot_product, causal_dot_product_chunked, causal_dot_product_naive,
+                           cuda_build, cupy_backend, emulate, select_backend)
 
 CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not CUDA, reason="no CUDA device: the GPU tests of the CuPy kernels "
                                "run only on a machine with one")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    """Each test picks its backend: `REPRO_KERNEL=cupy pytest ...` must not reach the CPU tests."""
+    monkeypatch.delenv("REPRO_KERNEL", raising=False)
 
 
 def rel_err(x, ref):
@@ -234,49 +253,245 @@ def test_fused_recurrent_step_matches_parallel(on_cupy, dtype):
     assert rel_err(Z, k.double().sum(2)) <= 1e-5
 
 
+def _layer_reference(layer, x):
+    """The linear attention layer written out in float64 on the CPU, with the naive product:
+    no dispatcher, no layer code (REPRO_KERNEL=cupy would send a CPU layer to the CuPy path)."""
+    F = torch.nn.functional
+    p = {name: t.detach().cpu().double() for name, t in layer.named_parameters()}
+    x = x.detach().cpu().double()
+
+    def heads(name, d):  # (B, N, d_model) -> (B, H, N, d)
+        return F.linear(x, p[f"{name}.weight"], p[f"{name}.bias"]).unflatten(-1, (layer.n_heads, d)).transpose(1, 2)
+    q, k = (F.elu(heads(n, layer.d_keys)) + 1 for n in ("q_proj", "k_proj"))
+    y = _linear_reference(q, k, heads("v_proj", layer.d_values), layer.eps)  # (B, H, N, M)
+    return F.linear(y.transpose(1, 2).flatten(-2), p["out_proj.weight"], p["out_proj.bias"])
+
+
 @needs_gpu
 def test_linear_attention_layer_uses_fused_ops_and_generates(on_cupy):
-    """The layer on CUDA: parallel form (fused normaliser) against the CPU float64 layer, and
-    step-wise generation (fused step) against the parallel form."""
+    """The layer on CUDA: parallel form (fused normaliser) against the float64 formula, and
+    step-wise generation (fused step) against the parallel form; both on the CuPy ops."""
     from repro.attention.linear import LinearAttention
     layer = LinearAttention(d_model=64, n_heads=4).cuda().eval()
     x = torch.randn(2, 45, 64, device="cuda")
+    before = dict(cupy_backend.CALLS)
     par = layer(x, causal=True)
-    ref = layer.double().cpu()(x.double().cpu(), causal=True)
-    layer.float().cuda()
-    assert rel_err(par.cpu(), ref) <= 1e-5
+    assert cupy_backend.CALLS["causal_linear_attention"] == before.get("causal_linear_attention", 0) + 1
+    assert rel_err(par.cpu(), _layer_reference(layer, x)) <= 1e-5
     state, steps = None, []
-    for i in range(x.shape[1]):
-        y, state = layer.step(x[:, i], state)
-        steps.append(y)
+    with torch.no_grad():
+        for i in range(x.shape[1]):
+            y, state = layer.step(x[:, i], state)
+            steps.append(y)
+    assert cupy_backend.CALLS["linear_attention_step"] == before.get("linear_attention_step", 0) + x.shape[1]
     assert rel_err(torch.stack(steps, 1), par) <= 1e-5
 
 
 @needs_gpu
-def test_torch_compile_and_autocast(on_cupy):
+def test_torch_compile_matches_eager_and_autocast(on_cupy):
+    """A compiled layer's output and gradients (input and every parameter) equal eager's, and
+    the compiled graph calls the CuPy ops forward and backward (inductor checks the fakes'
+    strides against the real outputs there)."""
     from repro.attention.linear import LinearAttention
     layer = LinearAttention(d_model=64, n_heads=4).cuda()
     x = torch.randn(2, 100, 64, device="cuda", requires_grad=True)
+    g = torch.randn(2, 100, 64, device="cuda")
+    params = [x, *layer.parameters()]
+    eager = layer(x, causal=True)
+    eager_grads = torch.autograd.grad(eager, params, g)
     compiled = torch.compile(lambda x: layer(x, causal=True))
-    torch.testing.assert_close(compiled(x), layer(x, causal=True), rtol=1e-5, atol=1e-5)
-    compiled(x).sum().backward()
-    assert x.grad is not None and torch.isfinite(x.grad).all()
+    before = dict(cupy_backend.CALLS)
+    out = compiled(x)
+    grads = torch.autograd.grad(out, params, g)
+    for op in ("causal_linear_attention", "causal_linear_attention_backward"):
+        assert cupy_backend.CALLS[op] > before.get(op, 0), f"the compiled graph did not run {op}"
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    for name, a, b in zip(["x", *(n for n, _ in layer.named_parameters())], grads, eager_grads):
+        assert rel_err(a, b) <= 1e-5, f"grad {name}"
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y = layer(x, causal=True)
-    assert y.dtype == torch.bfloat16 and rel_err(y.float(), layer(x, causal=True)) <= 2e-2
+    assert y.dtype == torch.bfloat16 and rel_err(y.float(), eager) <= 2e-2
 
 
-def test_bench_marks_absent_peers_missing():
-    """The benchmark imports its peers only if installed; an absent one is a 'missing' row."""
+@needs_gpu
+@pytest.mark.parametrize("shape", [(0, 2, 50, 8, 8), (2, 2, 50, 8, 0), (2, 2, 50, 0, 8)])
+def test_zero_sized_inputs_launch_nothing(on_cupy, shape):
+    q, k, v = _inputs(*shape, torch.float32)
+    before = cupy_backend.CALLS["launch"]
+    out = causal_dot_product(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert out.shape == (*shape[:3], shape[4]) and not out.any() and all(not gr.any() for gr in grads)
+    assert cupy_backend.CALLS["causal_dot_product"] > 0 and cupy_backend.CALLS["launch"] == before
+
+
+# The realistic grid: B = H = 8 (B*H = 64 blocks per group), D = M = 64, N = 16k; the
+# reference is the chunked torch path in float64, called directly (not through the dispatcher).
+BIG = (8, 8, 16384, 64, 64)
+
+
+def _big_inputs(dtype):
+    g = torch.Generator(device="cuda").manual_seed(16)
+    return [(torch.randn(*BIG[:3], x, device="cuda", generator=g) * 0.5).to(dtype) for x in BIG[3:4] * 2 + BIG[4:]]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_n16k_against_chunked_float64(on_cupy, dtype, tol):
+    q, k, v = (x.requires_grad_() for x in _big_inputs(dtype))
+    assert select_backend(q, k, v)[0] == "cupy"
+    out = causal_dot_product(q, k, v)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref_in = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref = causal_dot_product_chunked(*ref_in)
+    ref_grads = torch.autograd.grad(ref, ref_in, g.double())
+    assert rel_err(out, ref) <= tol
+    for name, a, b in zip("qkv", grads, ref_grads):
+        assert rel_err(a, b) <= tol, f"grad {name}"
+    if dtype == torch.bfloat16:  # the worst element too, against the output's scale
+        assert ((out.double() - ref).abs().max() / ref.abs().max()).item() <= 1e-2
+
+
+@needs_gpu
+@pytest.mark.parametrize("rev", [False, True])
+def test_tensor_cores_against_fma_on_the_same_bf16_inputs(on_cupy, rev):
+    """The tensor-core kernel and the FMA kernel take the same bf16 inputs at the realistic grid:
+    both within bf16 tolerance of float64, and of each other; they differ (the tensor-core one
+    rounds its intermediate products to bf16), so both really ran."""
+    q, k, v = (x.flatten(0, 1)[:, :4096].contiguous() for x in _big_inputs(torch.bfloat16))  # (BH, N, X)
+    tc, _ = cupy_backend.launch(q, k, v, rev=rev, tensor_cores=True)
+    fma, _ = cupy_backend.launch(q, k, v, rev=rev, tensor_cores=False)
+    f = (lambda x: x.flip(1)) if rev else (lambda x: x)
+    ref = f(causal_dot_product_chunked(*(f(x).double() for x in (q, k, v))))
+    assert rel_err(tc, ref) <= 1e-2 and rel_err(fma, ref) <= 1e-2
+    assert rel_err(tc, fma.double()) <= 1e-2 and not torch.equal(tc, fma)
+
+
+def test_bench_runs_on_cpu_with_missing_peers_and_resumes(tmp_path):
+    """The benchmark on a CPU: the chunked path and SDPA are timed, every CUDA-only method is a
+    'missing' row with its reason, rows reach bench.jsonl as they are measured, the CSV carries
+    the ratios, and a rerun measures nothing twice."""
     from repro.kernels import bench
-    methods = bench._methods()
-    assert set(bench.PEERS) <= set(methods) and methods["cupy"][0] is not None
-    for peer in ("fast_transformers", "fla_chunk"):
-        fn, why = methods[peer]
-        assert (fn is None) == (why is not None) and (why is None or why.startswith("missing"))
+    args = ["--device", "cpu", "--lengths", "70", "--dtypes", "fp32", "--batch", "1", "--heads", "2",
+            "--dim", "8", "--warmup", "0", "--repeats", "1", "--calls", "1", "--out-dir", str(tmp_path)]
+    rows = bench.main(args)
+    by = {(r["method"], r["pass"]): r for r in rows}
+    assert len(by) == 12 and {p for _, p in by} == {"fwd", "fwd_bwd"}
+    for method in ("torch", "sdpa"):
+        assert by[(method, "fwd_bwd")]["status"] == "ok" and by[(method, "fwd_bwd")]["ms"] > 0
+    for method in ("cupy", "cupy_norm", "fast_transformers", "fla_chunk"):
+        assert by[(method, "fwd")]["status"].startswith("missing: ") and "CUDA" in by[(method, "fwd")]["status"]
+    assert by[("torch", "fwd")]["vs_sdpa"] == by[("sdpa", "fwd")]["ms"] / by[("torch", "fwd")]["ms"]
+    lines = (tmp_path / "bench.jsonl").read_text().splitlines()
+    assert len(lines) == 12 and (tmp_path / "bench.csv").exists()
+    bench.main(args)  # the ok rows are kept; only the missing ones are tried again
+    assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 12 + 8
+
+
+def test_bench_skips_a_method_whose_one_call_is_too_slow(tmp_path):
+    """A point whose first call passes --max-call-s is 'skipped', and the longer N of that
+    method and pass with it, also after a rerun (so a slow fp32 SDPA cannot eat the step)."""
+    from repro.kernels import bench
+    args = ["--device", "cpu", "--lengths", "16", "32", "--dtypes", "fp32", "--batch", "1", "--heads", "1",
+            "--dim", "4", "--warmup", "1", "--repeats", "1", "--calls", "1", "--methods", "torch",
+            "--max-call-s", "1e-9", "--out-dir", str(tmp_path)]
+    rows = {(r["n"], r["pass"]): r["status"] for r in bench.main(args)}
+    assert rows[(16, "fwd")].startswith("skipped: one call takes") and rows[(32, "fwd")] == \
+        "skipped: N=16 was over --max-call-s"
+    rows = {(r["n"], r["pass"]): r["status"] for r in bench.main(args)}
+    assert rows[(32, "fwd_bwd")] == "skipped: N=16 was over --max-call-s"
+
+
+def test_bench_fast_transformers_source_from_the_sdist(tmp_path):
+    """The authors' kernel is built from one file of their sdist: extracting it from an sdist
+    laid out like pip's download, and saying what is missing when there is none."""
+    import io
+    import tarfile
+
+    from repro.kernels import peers
+    sdist = tmp_path / peers.FT_SDIST_NAMES[0]
+    with tarfile.open(sdist, "w:gz") as tar:
+        data = b"// the authors' kernel\n"
+        info = tarfile.TarInfo("pytorch-fast-transformers-0.4.0/" + peers.FT_MEMBER)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert peers.find_ft_sdist(sdist) == sdist
+    assert peers.extract_ft_source(sdist, tmp_path / "build").read_bytes() == data
     if not CUDA:
-        with pytest.raises(SystemExit, match="no CUDA device"):
-            bench.main(["--lengths", "1024"])
+        assert "CUDA" in peers.fast_transformers(sdist).why
+
+
+def test_kernels_and_their_tests_need_no_hydra():
+    """A GPU machine may have only torch, CuPy, numpy and pytest: with hydra and omegaconf made
+    unimportable, the kernels and the benchmark import and this file's CPU tests run."""
+    blocker = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("hydra", "omegaconf"):
+                    raise ImportError(f"{name} is blocked for this test")
+        sys.meta_path.insert(0, Block())
+        import repro.kernels, repro.kernels.bench, repro.kernels.cupy_backend, repro.kernels.peers
+        import pytest
+        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:hydra_pytest", "tests/test_cupy_kernels.py",
+                              "-k", "step_on_cpu or fakes or bench_runs"]))
+    """)
+    res = subprocess.run([sys.executable, "-c", blocker], cwd=REPO, capture_output=True, text=True,
+                         env={**__import__("os").environ, "REPRO_KERNEL": "cupy", "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "3 passed" in res.stdout
+
+
+def test_fakes_return_contiguous_tensors_like_the_real_ops():
+    """The real ops return fresh contiguous tensors; v reaches the backward ops as a transposed
+    view, and a fake that kept its strides broke inductor's assert_size_stride in every
+    compiled backward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k = (torch.empty(2, 37, 3, 5, device="cuda").transpose(1, 2) for _ in range(2))  # (B, H, N, D) views
+        v = torch.empty(2, 37, 3, 7, device="cuda").transpose(1, 2)
+        assert not v.is_contiguous()
+        g = torch.empty(2, 3, 37, 7, device="cuda")
+        outs = [*torch.ops.repro.causal_dot_product_backward(q, k, v, g),
+                *torch.ops.repro.causal_linear_attention_backward(q, k, v, g, g[..., 0], g, None, 1e-6),
+                torch.ops.repro.causal_dot_product(q, k, v), *torch.ops.repro.causal_linear_attention(q, k, v, 1e-6)]
+        S, Z = torch.empty(2, 3, 5, 7, device="cuda"), torch.empty(2, 3, 5, device="cuda")
+        outs.append(torch.ops.repro.linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z, 1e-6))
+        for out in outs:
+            assert out.is_contiguous(), f"a fake returned strides {out.stride()} for shape {tuple(out.shape)}"
+
+
+def test_launch_grid_fits_cuda_limits():
+    """gridDim.y (groups) stays within 65535 even when a caller asks for one chunk per group."""
+    n = 64 * 65535 * 3 + 5  # three times the chunks gridDim.y can hold at one chunk per group
+    for cpg in (1, 2, None):
+        cpg_used, n_groups, n_mt = cupy_backend.grid(1, n, 64, 132, cpg)
+        assert n_groups <= 65535 and cpg_used * n_groups * 64 >= n > (n_groups - 1) * cpg_used * 64
+        assert n_mt == 1
+    assert cupy_backend.grid(4, 6400, 130, 132, 3) == (3, 34, 3)  # a given cpg within the limit stays
+
+
+def test_zero_sized_launch_returns_without_a_grid():
+    """B*H = 0, M = 0 or D = 0 would be a zero grid (an invalid launch): the sums are empty or
+    zero, and launch returns them without touching the GPU (so this runs on CPU tensors)."""
+    q, k = torch.randn(0, 5, 3), torch.randn(0, 5, 3)
+    out, den = cupy_backend.launch(q, k, torch.randn(0, 5, 4), norm=True)
+    assert out.shape == (0, 5, 4) and den.shape == (0, 5)
+    q, k = torch.rand(2, 5, 3, dtype=torch.float64), torch.rand(2, 5, 3, dtype=torch.float64)
+    out, den = cupy_backend.launch(q, k, torch.randn(2, 5, 0, dtype=torch.float64), norm=True)
+    assert out.shape == (2, 5, 0)
+    torch.testing.assert_close(den, torch.einsum("bnd,bnd->bn", q, k.cumsum(1)).float())
+    out, _ = cupy_backend.launch(torch.randn(2, 5, 0), torch.randn(2, 5, 0), torch.randn(2, 5, 4))
+    assert out.shape == (2, 5, 4) and not out.any()
+
+
+def test_streams_go_through_the_cuda_stream_protocol():
+    """CuPy 14 deprecates ExternalStream: torch's stream reaches CuPy by Stream.from_external
+    (no GPU needed to build one over the legacy default stream, handle 0)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream = cupy_backend.cupy_stream(0)
+    assert stream.ptr == 0
 
 
 def test_emulated_tensor_core_fragments_give_the_four_products():

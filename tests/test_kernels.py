@@ -14,6 +14,13 @@ SHAPES = [  # (B, H, N, D, M): N = 1, N below / not a multiple of / far past the
 ]
 
 
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    """These are CPU tests of the dispatcher's torch path: REPRO_KERNEL=cupy, set for the GPU
+    kernel tests, must not reach them (the tests that want it set it themselves)."""
+    monkeypatch.delenv("REPRO_KERNEL", raising=False)
+
+
 def _inputs(b, h, n, d, m, dtype=torch.float64):
     return [torch.randn(b, h, n, x, dtype=dtype, requires_grad=True) for x in (d, d, m)]
 
@@ -105,3 +112,17 @@ def test_dispatcher_on_cpu(monkeypatch):
         causal_dot_product(q, q, q)
     monkeypatch.setenv("REPRO_KERNEL", "torch")
     assert select_backend(q, q, q)[0] == "torch"
+
+
+def test_kernels_task_names_the_backend_the_dispatcher_took(compose_cfg, tmp_path):
+    """task=kernels times the chunked path itself and, apart, the dispatcher (on this CPU it
+    takes the torch path; on a GPU the CuPy kernels once verified): each row says which."""
+    from repro.results import read_jsonl
+    from repro.tasks.kernels import run
+    cfg = compose_cfg("task=kernels", "task.implementations=[chunked,dispatcher,naive]", "task.lengths=[20]",
+                      "task.heads=1", "task.d=4", "task.m=3", "task.warmup=0", "task.repeats=1", "device=cpu",
+                      f"+run_dir={tmp_path}")
+    run(cfg)
+    rows = {r["implementation"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
+    assert rows["dispatcher"]["backend"] == "torch" and rows["chunked"]["backend"] == "chunked"
+    assert all(r["status"] == "ok" and r["forward_backward_ms"] > 0 for r in rows.values())

@@ -1,39 +1,50 @@
-"""GPU benchmark of the causal dot product against its peers, all in one run:
+"""Benchmark of the causal dot product against its peers, all in one run:
 
     python -m repro.kernels.bench                       # B=H=8, D=M=64, N=1k..64k, fp32 and bf16
     python -m repro.kernels.bench --lengths 1024 16384 --dtypes bf16 --repeats 20
 
-Methods (a peer that is not installed gets one 'missing' row, never an import error):
+Methods (one that cannot run here is a 'missing' row with the reason, never an error):
   cupy          this suite's CUDA kernels (repro.kernels.cupy_backend), whatever its GPU_VERIFIED
                 switch says (bf16 on tensor cores, fp32 on the FMA kernel)
   cupy_norm     the same with the normaliser fused (the whole causal linear attention)
   torch         the chunked PyTorch path (repro.kernels.chunked)
-  fast_transformers   the authors' CUDA kernel (PyPI pytorch-fast-transformers)
-  fla_chunk     flash-linear-attention's chunk_linear_attn (Triton), unnormalised, scale 1
+  fast_transformers   the authors' CUDA kernel, built from its sdist (repro.kernels.peers)
+  fla_chunk     flash-linear-attention's chunk_linear_attn (Triton), in its (B, N, H, D) layout
   sdpa          causal softmax attention, torch.nn.functional.scaled_dot_product_attention
-for the forward pass ('fwd') and forward + backward ('fwd_bwd'). Times are CUDA-event medians.
+for the forward pass ('fwd') and forward + backward ('fwd_bwd'). q and k are elu(x) + 1
+features, as the linear attention feeds them (the fused normaliser divides by q . sum k).
+
+Timing on CUDA: each event pair spans `--calls` calls, each after a write of a buffer twice the
+L2 cache (so no call finds the previous one's data in L2, and the flush gives the host time to
+queue the next call); the flushes alone are timed the same way and subtracted. The row's ms is
+the median over `--repeats` pairs, per call. On a CPU the same with a wall clock and no flush.
+A slow point takes fewer calls and pairs (--point-budget-s); one whose single call passes
+--max-call-s is 'skipped', with the longer N of that method (the fp32 SDPA at 64k, say).
 
 The bandwidth floor: the bytes a pass must move at least (fwd: read q, k, v and write out;
-fwd_bwd: that plus read q, k, v, g and write the three gradients) over the device-to-device
-copy bandwidth measured in this run; pct_of_floor = 100 * floor_ms / ms. Each row also carries
-`vs_<peer>` = peer_ms / ms at the same point (above 1: faster than that peer). Rows go to
-results/kernels/bench_<device>_<time>.jsonl with the device, versions and git SHA.
+fwd_bwd: that plus read q, k, v, g and write the three gradients) over the copy bandwidth
+measured in this run; pct_of_floor = 100 * floor_ms / ms. Rows are appended to
+<out-dir>/bench.jsonl as they are measured; a point already measured there (ok or oom) is not
+measured again, so a rerun resumes. At the end bench.csv (each point's last row, with
+`vs_<peer>` = peer_ms / ms at the same point: above 1 is faster than that peer) is written
+atomically. Needs only torch and numpy (and CuPy for the cupy methods).
 """
 import argparse
 import importlib.metadata
-import inspect
+import json
+import os
 import statistics
-from datetime import datetime, timezone
+import time
 
 import torch
 import torch.nn.functional as F
 
-from ..config import ConfigError
-from ..results import REPO, provenance, write_jsonl
-from . import causal_dot_product_chunked, cupy_backend
+from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv
+from . import causal_dot_product_chunked, cupy_backend, peers
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = ("fast_transformers", "fla_chunk", "sdpa")
+KEY = ("method", "pass", "dtype", "n", "batch", "heads", "d")  # one measured point
 
 
 def _version(dist):
@@ -43,71 +54,139 @@ def _version(dist):
         return None
 
 
-def _methods():
-    """name -> (fn(q, k, v) on (B, H, N, D) tensors, or None, and why not)."""
-    out = {
-        "cupy": (cupy_backend.causal_dot_product, None),
-        "cupy_norm": (lambda q, k, v: cupy_backend.causal_linear_attention(q, k, v, 1e-6), None),
-        "torch": (causal_dot_product_chunked, None),
-        "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), None),
+def _methods(device, ft_sdist=None):
+    """name -> peers.Peer for this device."""
+    cupy_why = None
+    if device.type != "cuda":
+        cupy_why = "missing: the CuPy kernels run on CUDA only"
+    else:
+        try:
+            import cupy  # noqa: F401
+        except ImportError as err:
+            cupy_why = f"missing: CuPy is not importable ({err})"
+    fused = lambda q, k, v: cupy_backend.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    return {
+        "cupy": peers.Peer(None if cupy_why else cupy_backend.causal_dot_product, cupy_why),
+        "cupy_norm": peers.Peer(None if cupy_why else fused, cupy_why),
+        "torch": peers.Peer(causal_dot_product_chunked),
+        "fast_transformers": peers.fast_transformers(ft_sdist),
+        "fla_chunk": peers.fla_chunk(),
+        "sdpa": peers.Peer(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
     }
-    try:
-        from fast_transformers.causal_product import causal_dot_product as ft
-        out["fast_transformers"] = (ft, None)
-    except Exception as err:  # ImportError, or a build that fails to load its extension
-        out["fast_transformers"] = (None, f"missing: pytorch-fast-transformers not importable ({err})")
-    try:
-        from fla.ops.linear_attn import chunk_linear_attn
-        params = inspect.signature(chunk_linear_attn).parameters
-        extra = {"head_first": False} if "head_first" in params else {}
-
-        def fla(q, k, v):  # fla takes (B, N, H, D); the transposes are part of its cost here
-            o, _ = chunk_linear_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                     scale=1.0, normalize=False, **extra)
-            return o.transpose(1, 2)
-        out["fla_chunk"] = (fla, None)
-    except Exception as err:
-        out["fla_chunk"] = (None, f"missing: flash-linear-attention not importable ({err})")
-    return out
 
 
-def _time(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
+class TooSlow(Exception):
+    """One call takes longer than the benchmark allows a call."""
+
+
+class Timer:
+    """ms per call of fn: CUDA events around `calls` calls, each after an L2 flush, minus the
+    flushes alone; on a CPU a wall clock around `calls` calls. A point whose first call shows
+    that calls x repeats would pass `budget_s` gets fewer of both (at least one pair of one)."""
+
+    def __init__(self, device, calls=5, budget_s=None, max_call_s=None):
+        self.device, self.calls, self.budget_s, self.max_call_s = device, calls, budget_s, max_call_s
+        self.flush_bytes = 0
+        if device.type == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20
+            self.flush_bytes = 2 * l2
+            self.buffer = torch.empty(self.flush_bytes, dtype=torch.uint8, device=device)
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _pair_ms(self, fn, calls):
+        if self.device.type != "cuda":
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - t0) * 1e3
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            self.buffer.zero_()
+            if fn is not None:
+                fn()
         end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        torch.cuda.synchronize(self.device)
+        return start.elapsed_time(end)
+
+    def __call__(self, fn, warmup, repeats):
+        """(ms per call, calls per pair, pairs)."""
+        self._sync()
+        t0 = time.perf_counter()
+        fn()  # the first warm-up call, timed on the wall clock: how long may this point take?
+        self._sync()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        if self.max_call_s and first_ms > 1e3 * self.max_call_s:
+            raise TooSlow(f"one call takes {first_ms / 1e3:.1f} s (over --max-call-s {self.max_call_s})")
+        calls = self.calls
+        if self.budget_s:
+            allowed = max(1, int(1e3 * self.budget_s / max(first_ms, 1e-3)))  # calls that fit the budget
+            calls = max(1, min(calls, allowed // max(repeats, 1)))
+            repeats = max(1, min(repeats, allowed // calls))
+        for _ in range(warmup - 1):
+            fn()
+        total = statistics.median(self._pair_ms(fn, calls) for _ in range(repeats))
+        flush = statistics.median(self._pair_ms(None, calls) for _ in range(repeats)) if self.flush_bytes else 0.0
+        return max(total - flush, 0.0) / calls, calls, repeats
 
 
-def copy_bandwidth(device, nbytes=1 << 30, repeats=20):
-    """Device-to-device copy bandwidth in bytes/s (each copy reads and writes nbytes)."""
+def copy_bandwidth(device, nbytes=None, repeats=10):
+    """Copy bandwidth in bytes/s (each copy reads and writes nbytes)."""
+    nbytes = nbytes or (1 << 30 if device.type == "cuda" else 64 << 20)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = _time(lambda: dst.copy_(src), 3, repeats)
+    ms, _, _ = Timer(device, calls=1)(lambda: dst.copy_(src), 2, repeats)
     del src, dst
-    return 2 * nbytes / (ms / 1e3)
+    return 2 * nbytes / (max(ms, 1e-6) / 1e3)
 
 
-def _measure(fn, b, h, n, d, m, dtype, backward, warmup, repeats):
-    g = torch.Generator(device="cuda").manual_seed(n)
-    q, k, v = (torch.randn(b, h, n, x, device="cuda", generator=g, dtype=dtype) * 0.5 for x in (d, d, m))
+def _inputs(peer, b, h, n, d, m, dtype, device, backward):
+    """q, k elu(x) + 1 features, v and the output gradient, in the peer's layout."""
+    g = torch.Generator(device=device).manual_seed(n)
+    shape = (lambda x: (b, h, n, x)) if peer.layout == "bhnd" else (lambda x: (b, n, h, x))
+    mk = lambda x: torch.randn(*shape(x), device=device, generator=g, dtype=torch.float32)  # noqa: E731
+    q, k = (F.elu(mk(d) * 0.5) + 1 for _ in "qk")
+    q, k, v = (x.to(dtype).requires_grad_(backward) for x in (q, k, mk(m) * 0.5))
+    return q, k, v, mk(m).to(dtype)
+
+
+def measure(peer, b, h, n, d, m, dtype, device, backward, timer, warmup, repeats):
+    q, k, v, grad = _inputs(peer, b, h, n, d, m, dtype, device, backward)
     if backward:
-        q, k, v = (x.requires_grad_() for x in (q, k, v))
-        grad = torch.randn(b, h, n, m, device="cuda", dtype=dtype)
-
         def run():
-            torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
+            torch.autograd.grad(peer.fn(q, k, v), (q, k, v), grad)
     else:
         def run():
             with torch.no_grad():
-                fn(q, k, v)
-    return _time(run, warmup, repeats)
+                peer.fn(q, k, v)
+    return timer(run, warmup, repeats)
+
+
+def _append(path, row):
+    """One row, appended and on disk before the next point starts."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def with_ratios(rows):
+    ok = {(r["method"], r["dtype"], r["n"], r["pass"]): r["ms"] for r in rows if r["status"] == "ok"}
+    for r in rows:
+        if r["status"] == "ok":
+            for peer in ("torch", *PEERS):
+                other = ok.get((peer, r["dtype"], r["n"], r["pass"]))
+                if other is not None and peer != r["method"]:
+                    r[f"vs_{peer}"] = other / r["ms"]
+    return rows
+
+
+def _error(err):
+    text = str(err).splitlines()[0][:200] if str(err) else ""
+    return f"error: {type(err).__name__}: {text}"
 
 
 def main(argv=None):
@@ -119,66 +198,94 @@ def main(argv=None):
     ap.add_argument("--dim", type=int, default=64, help="D = M")
     ap.add_argument("--methods", nargs="+", default=["cupy", "cupy_norm", "torch", *PEERS])
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--out", default=None, help="JSONL path (default results/kernels/bench_<device>_<time>.jsonl)")
+    ap.add_argument("--repeats", type=int, default=10, help="event pairs per point (the median is kept)")
+    ap.add_argument("--calls", type=int, default=5, help="calls per event pair")
+    ap.add_argument("--point-budget-s", type=float, default=8.0, help="a point whose first call shows that "
+                    "calls x repeats would take longer gets fewer of both")
+    ap.add_argument("--max-call-s", type=float, default=20.0, help="a point whose one call takes longer is "
+                    "'skipped', and so are the longer N of that method, pass and dtype")
+    ap.add_argument("--device", default=None, help="cuda (default when one is visible) or cpu")
+    ap.add_argument("--ft-sdist", default=None, help="the pytorch-fast-transformers-0.4.0 sdist "
+                    "(default: $REPRO_FT_SDIST, else gpu_bundle/)")
+    ap.add_argument("--out-dir", default=None, help="default results/kernels/<device>/")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("repro.kernels.bench: no CUDA device; this benchmark times GPU kernels only")
-    methods = _methods()
-    unknown = sorted(set(args.methods) - set(methods))
+    methods_known = ("cupy", "cupy_norm", "torch", *PEERS)
+    unknown = sorted(set(args.methods) - set(methods_known))
     if unknown:
-        raise ConfigError(f"--methods: unknown {unknown}; valid: {', '.join(methods)}")
+        ap.error(f"--methods: unknown {unknown}; valid: {', '.join(methods_known)}")
+    if min(args.lengths) < 1 or min(args.batch, args.heads, args.dim, args.repeats, args.calls) < 1:
+        ap.error("--lengths, --batch, --heads, --dim, --repeats and --calls must be positive")
+    dev_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev_name not in ("cuda", "cpu") or (dev_name == "cuda" and not torch.cuda.is_available()):
+        ap.error(f"--device {dev_name!r}: valid: cpu, or cuda on a machine with a visible GPU")
+    device = torch.device("cuda", torch.cuda.current_device()) if dev_name == "cuda" else torch.device("cpu")
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    methods = _methods(device, args.ft_sdist)
     base = provenance(device)
     base["versions"] = {**base["versions"], "cupy": _version("cupy-cuda13x") or _version("cupy-cuda12x"),
-                        "pytorch-fast-transformers": _version("pytorch-fast-transformers"),
                         "flash-linear-attention": _version("flash-linear-attention"),
                         "fla-core": _version("fla-core"), "triton": _version("triton")}
+    out_dir = args.out_dir or REPO / "results" / "kernels" / base["device"].replace(" ", "_").replace("/", "_")
+    os.makedirs(out_dir, exist_ok=True)
+    rows_path = os.path.join(out_dir, "bench.jsonl")
+    rows = read_jsonl(rows_path) if os.path.exists(rows_path) else []
+    # a rerun measures again only what did not finish: not the missing peers nor the errors
+    done = {tuple(r.get(c) for c in KEY) for r in rows
+            if r["status"] in ("ok", "oom") or r["status"].startswith("skipped: one call")}
+    timer = Timer(device, args.calls, args.point_budget_s, args.max_call_s)
+    too_slow = {}  # (method, pass, dtype) -> the N whose one call was over --max-call-s
+    for r in rows:
+        if r["status"].startswith("skipped: one call") and (r["batch"], r["heads"], r["d"]) == (args.batch, args.heads, args.dim):
+            key = (r["method"], r["pass"], r["dtype"])
+            too_slow[key] = min(too_slow.get(key, r["n"]), r["n"])
     bandwidth = copy_bandwidth(device)
-    print(f"device-to-device copy bandwidth: {bandwidth / 1e9:.0f} GB/s on {base['device']}")
+    print(f"copy bandwidth: {bandwidth / 1e9:.0f} GB/s on {base['device']}; rows -> {rows_path}")
     b, h, d = args.batch, args.heads, args.dim
-    rows = []
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]
         for n in args.lengths:
-            elem = torch.finfo(dtype).bits // 8
-            tensor_bytes = b * h * n * d * elem
+            tensor_bytes = b * h * n * d * (torch.finfo(dtype).bits // 8)
             for pass_name, backward, n_tensors in (("fwd", False, 4), ("fwd_bwd", True, 11)):
                 floor_ms = n_tensors * tensor_bytes / bandwidth * 1e3
                 for name in args.methods:
-                    fn, why = methods[name]
+                    peer = methods[name]
                     row = {**base, "task": "kernels.bench", "method": name, "pass": pass_name,
                            "dtype": dtype_name, "batch": b, "heads": h, "n": n, "d": d, "m": d, "seed": n,
+                           "calls_per_event_pair": args.calls, "l2_flush_bytes": timer.flush_bytes,
                            "copy_bandwidth_gbs": bandwidth / 1e9, "floor_ms": floor_ms}
-                    if fn is None:
-                        rows.append({**row, "status": why})
+                    if tuple(row[c] for c in KEY) in done:  # measured by an earlier run
                         continue
-                    try:
-                        ms = _measure(fn, b, h, n, d, d, dtype, backward, args.warmup, args.repeats)
-                        row.update(status="ok", ms=ms, pct_of_floor=100 * floor_ms / ms)
-                    except torch.OutOfMemoryError:
-                        row["status"] = "oom"
-                    except Exception as err:  # a peer that cannot take this dtype or size
-                        row["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-                    torch.cuda.empty_cache()
+                    if peer.fn is None:
+                        row["status"] = peer.why
+                    elif n > too_slow.get((name, pass_name, dtype_name), n):
+                        row["status"] = f"skipped: N={too_slow[(name, pass_name, dtype_name)]} was over --max-call-s"
+                    elif dtype not in peer.dtypes:
+                        row["status"] = f"missing: {name} takes {', '.join(str(t) for t in peer.dtypes)} only"
+                    else:
+                        try:
+                            ms, calls, pairs = measure(peer, b, h, n, d, d, dtype, device, backward, timer,
+                                                       args.warmup, args.repeats)
+                            row.update(status="ok", ms=ms, pct_of_floor=100 * floor_ms / max(ms, 1e-9),
+                                       calls_per_event_pair=calls, event_pairs=pairs)
+                        except TooSlow as err:
+                            row["status"] = f"skipped: {err}"
+                            too_slow[(name, pass_name, dtype_name)] = n
+                        except torch.OutOfMemoryError:
+                            row["status"] = "oom"
+                        except Exception as err:  # a peer that cannot take this dtype or size
+                            row["status"] = _error(err)
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                    _append(rows_path, row)
                     rows.append(row)
                     print(f"{dtype_name} N={n:6d} {pass_name:7s} {name:18s} "
                           + (f"{row['ms']:9.3f} ms  {row['pct_of_floor']:5.1f}% of floor" if row["status"] == "ok"
                              else row["status"]))
-    # ratios to each peer at the same point
-    ok = {(r["method"], r["dtype"], r["n"], r["pass"]): r["ms"] for r in rows if r["status"] == "ok"}
-    for r in rows:
-        if r["status"] == "ok":
-            for peer in ("torch", *PEERS):
-                other = ok.get((peer, r["dtype"], r["n"], r["pass"]))
-                if other is not None and peer != r["method"]:
-                    r[f"vs_{peer}"] = other / r["ms"]
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    gpu = base["device"].replace(" ", "_").replace("/", "_")
-    path = args.out or REPO / "results" / "kernels" / f"bench_{gpu}_{stamp}.jsonl"
-    write_jsonl(path, rows)
-    print(f"wrote {len(rows)} rows to {path}")
+    csv_path = os.path.join(out_dir, "bench.csv")
+    latest = list({tuple(r.get(c) for c in KEY): r for r in rows}.values())  # a point's last row
+    atomic_write(csv_path, rows_to_csv(with_ratios(latest)))
+    print(f"{len(latest)} points in {csv_path} (with the ratios), every row in {rows_path}")
+    return latest
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ where reverse-causal runs the forward kernel backwards in time.
 """
 import math
 import os
+from collections import Counter
 
 import numpy as np
 import torch
@@ -25,9 +26,10 @@ from . import cuda_build
 # THE SWITCH. False until tests/test_cupy_kernels.py has passed on a real GPU: until then the
 # dispatcher and the attention module use these kernels only under REPRO_KERNEL=cupy, and the
 # torch path stays the default on CUDA. To flip it, on a machine with a GPU run
-#     REPRO_KERNEL=cupy python -m pytest -q tests/test_cupy_kernels.py
-# and, when every test passes (none skipped), set GPU_VERIFIED = True and note the GPU and
-# the commit in the commit message.
+#     REPRO_KERNEL=cupy python -m pytest -q -rs tests/test_cupy_kernels.py
+# (step 1 of `python -m repro.reproduce_gpu` runs it) and, when every test passes with none of
+# the GPU tests skipped (the nvcc compile test may skip where nvcc is absent), set
+# GPU_VERIFIED = True and note the GPU and the commit in the commit message.
 GPU_VERIFIED = False
 
 # bf16 products on tensor cores (causal_dot_tc.cu); fp32 and fp16 always take the FMA kernel.
@@ -40,6 +42,12 @@ KERNEL_DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16
 
 # Tests set this to float("nan") so that any output element a kernel fails to write shows up.
 PREFILL = None
+
+# How often each op's CUDA implementation ran (fakes and the torch path never count): the GPU
+# tests read it to prove that a layer or a compiled graph really took the CuPy path.
+CALLS = Counter()
+
+GRID_YZ_MAX = 65535  # CUDA's limit on gridDim.y and gridDim.z
 
 
 def _gate_reason():
@@ -137,9 +145,25 @@ def _ptr(t):
     return np.uint64(0 if t is None else t.data_ptr())
 
 
-def _stream(device):
+class _StreamHandle:
+    """A raw cudaStream_t behind the CUDA stream protocol, which CuPy 14's Stream.from_external
+    takes (its ExternalStream is deprecated); torch releases before 2.14 lack __cuda_stream__."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return 0, self.handle  # (protocol version, cudaStream_t)
+
+
+def cupy_stream(handle: int):
+    """A CuPy stream over the CUDA stream `handle` (0: the legacy default stream)."""
     import cupy
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device.index)
+    return cupy.cuda.Stream.from_external(_StreamHandle(handle))
+
+
+def _stream(device):
+    return cupy_stream(torch.cuda.current_stream(device).cuda_stream)
 
 
 def _kernel(name, device_index, smem):
@@ -158,6 +182,15 @@ def chunks_per_group(blocks_per_group, n_chunks, n_sms):
     return math.ceil(n_chunks / n_groups)
 
 
+def grid(bh, n, m, n_sms, cpg=None):
+    """(cpg, n_groups, n_mt) of a launch on (BH, N, .) x (., M): chunks per group (from the GPU's
+    size unless given), groups (gridDim.y) and value tiles (gridDim.z). A given cpg is raised
+    where it would need more than 65535 groups: gridDim.y cannot hold them."""
+    n_chunks, n_mt = math.ceil(n / CHUNK), math.ceil(m / TILE)
+    cpg = max(cpg or chunks_per_group(bh * n_mt, n_chunks, n_sms), math.ceil(n_chunks / GRID_YZ_MAX))
+    return cpg, math.ceil(n_chunks / cpg), n_mt
+
+
 def _empty(shape, dtype, device):
     if PREFILL is None:
         return torch.empty(shape, dtype=dtype, device=device)
@@ -169,14 +202,16 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
     Returns out (BH, N, M) in that dtype and, when norm, den (BH, N) fp32 (q_i . Z_i).
     `cpg` (chunks per group) is chosen from the GPU's size unless given, and bf16 takes the
     tensor-core kernel when TENSOR_CORES and it fits, unless `tensor_cores` says (tests vary both)."""
+    bh, n, d = q.shape
+    m, dev = v.shape[-1], q.device
+    if bh == 0 or m == 0 or d == 0:  # a zero grid is an invalid launch; the sums are empty or zero
+        den = torch.einsum("bnd,bnd->bn", q.float(), k.float().cumsum(1)) if norm else None
+        return torch.zeros(bh, n, m, dtype=q.dtype, device=dev), den
     import cupy
 
-    bh, n, d = q.shape
-    m, dev, t = v.shape[-1], q.device, KERNEL_DTYPES[q.dtype]
+    t = KERNEL_DTYPES[q.dtype]
     props = torch.cuda.get_device_properties(dev)
-    n_chunks, n_mt = math.ceil(n / CHUNK), math.ceil(m / TILE)
-    cpg = cpg or chunks_per_group(bh * n_mt, n_chunks, props.multi_processor_count)
-    n_groups = math.ceil(n_chunks / cpg)
+    cpg, n_groups, n_mt = grid(bh, n, m, props.multi_processor_count, cpg)
     mtot = m + 1 if norm else m
     flags = f"{t},{'true' if rev else 'false'},{'true' if norm else 'false'}"
     out = _empty((bh, n, m), q.dtype, dev)
@@ -186,6 +221,7 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
         tensor_cores = TENSOR_CORES and _smem_chunks_tc(d) <= props.shared_memory_per_block_optin
     tensor_cores = tensor_cores and q.dtype == torch.bfloat16
     i32 = np.int32
+    CALLS["launch"] += 1
     with cupy.cuda.Device(dev.index), _stream(dev):
         tc = "_tc" if tensor_cores else ""
         if states is not None:
@@ -208,14 +244,22 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
 
 
 def _flat(x):
-    """(..., N, X) -> contiguous (BH, N, X)."""
-    return x.reshape(-1, *x.shape[-2:]).contiguous()
+    """(..., N, X) -> contiguous (BH, N, X); BH spelled out, since -1 is ambiguous at 0 elements."""
+    return x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]).contiguous()
+
+
+def _contiguous_like(x):
+    """The fakes' outputs: the real ops return fresh contiguous tensors whatever the inputs'
+    strides (v often reaches them as a transposed view), and a fake must say the same, or
+    inductor's assert_size_stride fails in a compiled backward."""
+    return x.new_empty(x.shape)
 
 
 # --------------------------------------------------------------------------- causal_dot_product
 
 @torch.library.custom_op("repro::causal_dot_product", mutates_args=(), device_types="cuda")
 def _cdp(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    CALLS["causal_dot_product"] += 1
     out, _ = launch(_flat(q), _flat(k), _flat(v))
     return out.view(*q.shape[:-1], v.shape[-1])
 
@@ -227,6 +271,7 @@ def _(q, k, v):
 
 @torch.library.custom_op("repro::causal_dot_product_backward", mutates_args=(), device_types="cuda")
 def _cdp_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    CALLS["causal_dot_product_backward"] += 1
     q3, k3, v3, g3 = _flat(q), _flat(k), _flat(v), _flat(g.to(q.dtype))
     grad_q, _ = launch(g3, v3, k3)  # sum_{j<=i} (g_i . v_j) k_j
     grad_k, _ = launch(v3, g3, q3, rev=True)  # sum_{j>=i} (v_i . g_j) q_j
@@ -236,7 +281,7 @@ def _cdp_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> tuple[Tensor, T
 
 @_cdp_backward.register_fake
 def _(q, k, v, g):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v)
 
 
 def _cdp_setup(ctx, inputs, output):
@@ -259,6 +304,7 @@ def causal_dot_product(q, k, v):
 
 @torch.library.custom_op("repro::causal_linear_attention", mutates_args=(), device_types="cuda")
 def _cla(q: Tensor, k: Tensor, v: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    CALLS["causal_linear_attention"] += 1
     out, den = launch(_flat(q), _flat(k), _flat(v), norm=True, eps=eps)
     return out.view(*q.shape[:-1], v.shape[-1]), den.view(q.shape[:-1])
 
@@ -274,6 +320,7 @@ def _cla_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, den: Tensor, g: 
     # y = num / e with e = den + eps: dL/dnum = g / e, dL/dden = -(g . y) / e. Then num and den
     # are one causal product against [v, 1], so the gradients are the plain backward's with
     # V' = [v, 1] and G' = [dL/dnum, dL/dden]; all in fp32 (den's gradient needs the precision).
+    CALLS["causal_linear_attention_backward"] += 1
     e = den.float() + eps  # (..., N)
     g32 = g.float()
     g_num = g32 / e[..., None]  # (..., N, M)
@@ -292,7 +339,7 @@ def _cla_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, den: Tensor, g: 
 
 @_cla_backward.register_fake
 def _(q, k, v, out, den, g, g_den, eps):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v)
 
 
 def _cla_setup(ctx, inputs, output):
@@ -322,10 +369,14 @@ def causal_linear_attention(q, k, v, eps: float):
 def _step(q: Tensor, k: Tensor, v: Tensor, S: Tensor, Z: Tensor, eps: float) -> Tensor:
     import cupy
 
+    CALLS["linear_attention_step"] += 1
     d, m = q.shape[-1], v.shape[-1]
     bh = math.prod(q.shape[:-1])
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = _empty(v.shape, v.dtype, v.device)
+    if bh == 0 or m == 0:  # a zero grid is an invalid launch; Z still takes k
+        Z += k.float()
+        return out.zero_()
     smem = 4 * (2 * d + STEP_THREADS)
     with cupy.cuda.Device(q.device.index), _stream(q.device):
         _kernel(f"linear_step<{KERNEL_DTYPES[q.dtype]}>", q.device.index, smem)(
@@ -337,7 +388,7 @@ def _step(q: Tensor, k: Tensor, v: Tensor, S: Tensor, Z: Tensor, eps: float) -> 
 
 @_step.register_fake
 def _(q, k, v, S, Z, eps):
-    return torch.empty_like(v)
+    return _contiguous_like(v)
 
 
 def linear_attention_step(q, k, v, S, Z, eps: float):

@@ -1,6 +1,8 @@
 """task=kernels: causal_dot_product implementations timed against each other on this device:
-the chunked path (what the dispatcher runs), the per-step loop (the RNN definition) and the
-naive masked (N, N) formula. Forward and forward+backward; rows, a table, the ratios."""
+the chunked path, the dispatcher (whatever it picks here: the chunked path on a CPU, the CuPy
+kernels on a GPU once verified; the row names it), the per-step loop (the RNN definition) and
+the naive masked (N, N) formula. Forward and forward+backward; rows, a table, the ratios.
+(python -m repro.kernels.bench times the GPU kernels against their outside peers.)"""
 import statistics
 import time
 
@@ -9,11 +11,12 @@ import torch
 from tqdm import tqdm
 
 from ..config import ConfigError, parse_device, parse_dtype, run_dir
-from ..kernels import causal_dot_product, causal_dot_product_loop, causal_dot_product_naive
+from ..kernels import (causal_dot_product, causal_dot_product_chunked, causal_dot_product_loop,
+                       causal_dot_product_naive, select_backend)
 from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
 
-IMPLEMENTATIONS = {"chunked": causal_dot_product, "loop": causal_dot_product_loop,
-                   "naive": causal_dot_product_naive}
+IMPLEMENTATIONS = {"chunked": causal_dot_product_chunked, "dispatcher": causal_dot_product,
+                   "loop": causal_dot_product_loop, "naive": causal_dot_product_naive}
 
 
 def _time(fn, device, warmup, repeats):
@@ -47,7 +50,8 @@ def run(cfg) -> float:
             with torch.no_grad():
                 fwd = _time(lambda: fn(q, k, v), device, t.warmup, t.repeats)
             both = _time(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), g), device, t.warmup, t.repeats)
-            rows.append({"task": "kernels", "implementation": name, "n": n, "batch": t.batch, "heads": t.heads,
+            backend = select_backend(q, k, v)[0] if name == "dispatcher" else name
+            rows.append({"task": "kernels", "implementation": name, "backend": backend, "n": n, "batch": t.batch, "heads": t.heads,
                          "d": t.d, "m": t.m, "dtype": t.dtype, "seed": cfg.seed, "status": "ok",
                          "forward_ms": fwd * 1e3, "forward_backward_ms": both * 1e3, **meta})
             write_jsonl(out / "results.jsonl", rows)

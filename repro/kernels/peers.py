@@ -1,0 +1,142 @@
+"""The benchmark's peers from outside this suite, each loaded only if it can run here; otherwise
+the reason, which the benchmark writes as a `missing` row.
+
+    fast_transformers   the authors' CUDA kernel (pytorch-fast-transformers 0.4.0, fp32 only).
+                        Its sdist does not build with a current nvcc (setup.py passes
+                        -arch=compute_50), so only fast_transformers/causal_product/
+                        causal_product_cuda.cu is taken from the sdist file that
+                            pip download pytorch-fast-transformers==0.4.0 --no-deps --no-binary :all:
+                        gives (`make gpu-bundle` puts it in gpu_bundle/) and built with
+                        torch.utils.cpp_extension.load for the GPU in use, as the release built
+                        it (without ENABLE_NVIDIA_OPTIMIZATIONS). A benchmark peer only: never a
+                        dependency, never committed.
+    fla_chunk           flash-linear-attention's chunk_linear_attn (Triton), in its native
+                        (B, N, H, D) layout, unnormalised, scale 1.
+
+Every peer is fn(q, k, v) -> out on tensors in its `layout` ("bhnd" or "bnhd").
+"""
+import inspect
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..results import REPO
+
+FT_SDIST_NAMES = ("pytorch-fast-transformers-0.4.0.tar.gz", "pytorch_fast_transformers-0.4.0.tar.gz")
+FT_MEMBER = "fast_transformers/causal_product/causal_product_cuda.cu"
+BUNDLE = REPO / "gpu_bundle"
+BUILD = REPO / "build" / "fast_transformers"
+
+
+@dataclass
+class Peer:
+    fn: Callable | None
+    why: str | None = None  # None when fn runs; else "missing: <reason>"
+    layout: str = "bhnd"
+    dtypes: tuple = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def find_ft_sdist(path=None):
+    """The fast-transformers sdist: `path`, $REPRO_FT_SDIST, or the GPU bundle's copy."""
+    for cand in (path, os.environ.get("REPRO_FT_SDIST"), *(BUNDLE / n for n in FT_SDIST_NAMES)):
+        if cand and Path(cand).is_file():
+            return Path(cand)
+    return None
+
+
+def extract_ft_source(sdist, dest=BUILD):
+    """causal_product_cuda.cu out of the sdist into dest; its path."""
+    with tarfile.open(sdist) as tar:
+        member = next((m for m in tar.getmembers() if m.name.endswith(FT_MEMBER)), None)
+        if member is None:
+            raise FileNotFoundError(f"{sdist} holds no {FT_MEMBER}")
+        dest.mkdir(parents=True, exist_ok=True)
+        out = dest / "causal_product_cuda.cu"
+        out.write_bytes(tar.extractfile(member).read())
+    return out
+
+
+class _FTCausalDotProduct(torch.autograd.Function):
+    """fast_transformers.causal_product.CausalDotProduct, on the module built here: the kernels
+    write into zero-filled outputs the caller allocates."""
+    ext = None
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        out = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
+        _FTCausalDotProduct.ext.causal_dot_product(q, k, v, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v = ctx.saved_tensors
+        gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        _FTCausalDotProduct.ext.causal_dot_backward(q, k, v, g.contiguous(), gq, gk, gv)
+        return gq, gk, gv
+
+
+def _ninja_on_path():
+    """cpp_extension runs `ninja`; the ninja wheel installed with --target (the GPU bundle) puts
+    its binary in <target>/bin, which is not on PATH (and ninja.BIN_DIR does not point there)."""
+    import shutil
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    for folder in (Path(ninja.__file__).resolve().parents[1] / "bin", Path(getattr(ninja, "BIN_DIR", "") or "/nonexistent")):
+        if (folder / "ninja").is_file():
+            os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+            return
+
+
+def fast_transformers(sdist=None, verbose=False) -> Peer:
+    if not torch.cuda.is_available():
+        return Peer(None, "missing: the authors' kernel runs on CUDA only and no CUDA device is visible")
+    found = find_ft_sdist(sdist)
+    if found is None:
+        return Peer(None, "missing: no pytorch-fast-transformers-0.4.0 sdist (run `make gpu-bundle`, "
+                          "or set REPRO_FT_SDIST to the file `pip download pytorch-fast-transformers==0.4.0 "
+                          "--no-deps --no-binary :all:` gives)")
+    from torch.utils import cpp_extension
+    _ninja_on_path()
+    if cpp_extension.CUDA_HOME is None:
+        return Peer(None, "missing: no CUDA toolkit (nvcc) to build the authors' kernel with")
+    if not cpp_extension.is_ninja_available():
+        return Peer(None, "missing: torch.utils.cpp_extension needs ninja (pip install ninja; it is in the GPU bundle)")
+    major, minor = torch.cuda.get_device_capability()
+    try:
+        src = extract_ft_source(found)
+        # For the GPU in use only: cpp_extension reads TORCH_CUDA_ARCH_LIST.
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
+        build = BUILD / f"sm{major}{minor}"
+        build.mkdir(parents=True, exist_ok=True)
+        _FTCausalDotProduct.ext = cpp_extension.load(
+            name=f"ft_causal_product_cuda_sm{major}{minor}", sources=[str(src)], build_directory=str(build),
+            extra_cuda_cflags=["-O3"], verbose=verbose)
+    except Exception as err:  # a compiler error: the row says so, the benchmark goes on
+        first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        return Peer(None, f"missing: building causal_product_cuda.cu failed ({first[:200]})")
+    return Peer(_FTCausalDotProduct.apply, dtypes=(torch.float32,))
+
+
+def fla_chunk() -> Peer:
+    if not torch.cuda.is_available():
+        return Peer(None, "missing: fla's Triton kernels run on CUDA only and no CUDA device is visible",
+                    layout="bnhd")
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+    except Exception as err:  # ImportError, or a Triton that does not match
+        return Peer(None, f"missing: flash-linear-attention not importable ({str(err).splitlines()[0][:200]})",
+                    layout="bnhd")
+    extra = {"head_first": False} if "head_first" in inspect.signature(chunk_linear_attn).parameters else {}
+
+    def fla(q, k, v):  # (B, N, H, D), (B, N, H, D), (B, N, H, M) -> (B, N, H, M): no copies
+        return chunk_linear_attn(q, k, v, scale=1.0, normalize=False, **extra)[0]
+    return Peer(fla, layout="bnhd")

