@@ -209,7 +209,8 @@ def test_rows_record_the_attention_settings_used(compose_cfg, tmp_path):
     """task.attention_settings gives LSH the paper's chunk of 29 (the attention's yaml says 32)."""
     rows = train(compose_cfg, tmp_path, "attention=lsh", "trainer.max_steps=1", "trainer.eval_every=0", "task.n_samples=0")
     assert rows[-1]["attention_settings"] == {"_target_": "repro.attention.lsh.LSHAttention", "n_buckets": 64,
-                                              "chunk_size": 29, "n_hashes": 4, "combine": "lse", "redraw": True}
+                                              "chunk_size": 29, "n_hashes": 4, "combine": "lse", "planes": "per_head",
+                                              "redraw": "train", "attention_dropout": 0.0}
 
 
 def test_attention_settings_on_the_command_line_win(tmp_path):
