@@ -19,6 +19,14 @@ def row(md, first, section):
     return [c.strip() for c in line.strip("|").split("|")]
 
 
+def cells(md, first, section) -> dict:
+    """{column header: cell} of the table row starting with `first` inside `section`."""
+    part = md.split(section, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    lines = [l for l in part.splitlines() if l.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return dict(zip(header, row(md, first, section)))
+
+
 def fake_results(root):
     bench = root / "fig1"
     bench.mkdir(parents=True)
@@ -41,6 +49,10 @@ def fake_results(root):
                    "extrapolated": False, "device": GPU},
                   {"size": "cifar", "method": "softmax", "batch": 1, "seconds_per_image": 9000.0, "images_per_s": 1 / 9000,
                    "extrapolated": True, "device": CPU}]).to_csv(thr / "throughput.csv", index=False)
+    measured = root / "throughput" / "cpu_measured"  # a measured CPU run at batch 1
+    measured.mkdir(parents=True)
+    pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.4, "images_per_s": 2.5,
+                   "extrapolated": False, "device": CPU}]).to_csv(measured / "throughput.csv", index=False)
     later = root / "throughput" / "zz_later"  # a later, smaller run: batch 1 only, extrapolated
     later.mkdir(parents=True)
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.5, "images_per_s": 2.0,
@@ -82,18 +94,29 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert row(md, "softmax-math", "Slopes")[1:3] == ["2", "1.9"]
     assert "Command: `python run.py experiment=paper_benchmark device=cuda`" in md and GPU in md
     assert "![Figure 1, fig1](fig1/benchmark.png)" in md
-    t1 = row(md, "linear", "### Table 1: MNIST")
-    assert t1[:6] == ["linear", "0.644", "0.71", "142.8", "80", "10"] and CPU in t1[6] and GPU in t1[6]
-    assert "task=mnist attention=linear" in t1[7] and "task=throughput device=cuda" in t1[7]
-    assert row(md, "softmax", "### Table 1: MNIST")[2] == "not yet run"
+    # CPU and GPU values each in their own column: CPU bits/dim beside CPU images/s, the GPU's apart
+    t1 = cells(md, "linear", "### Table 1: MNIST")
+    assert (t1["paper bits/dim"], t1["our bits/dim, CPU"], t1[f"our bits/dim, {GPU}"]) == ("0.644", "0.71", "not yet run")
+    assert (t1["paper images/s"], t1["our images/s, CPU"], t1[f"our images/s, {GPU}"]) == (
+        "142.8", "2 (extrapolated) at batch 1", "80 at batch 10")
+    assert CPU in t1["our CPU hardware"] and GPU not in t1["our CPU hardware"]
+    assert "task=mnist attention=linear" in t1["command"] and "task=throughput device=cuda" in t1["command"]
+    assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "not yet run"
     # an images/s from a generation stopped at its time budget says so, in every table that shows it
-    assert row(md, "softmax", "### Table 2: CIFAR-10")[4] == "0.0001111 (extrapolated)"
-    assert row(md, "softmax", "### Table 4, CIFAR-10")[1:4] == ["0.004", "0.0001111 (extrapolated)", "1"]
-    assert row(md, "linear", "### Table 4, MNIST")[1:4] == ["142.8", "80", "10"]
+    assert cells(md, "softmax", "### Table 2: CIFAR-10")["our images/s, CPU"] == "0.0001111 (extrapolated) at batch 1"
+    t4 = cells(md, "softmax", "### Table 4, CIFAR-10")
+    assert (t4["paper images/s"], t4["our images/s, CPU"], t4[f"our images/s, {GPU}"]) == (
+        "0.004", "0.0001111 (extrapolated) at batch 1", "not yet run")
+    t4 = cells(md, "linear", "### Table 4, MNIST")
+    assert (t4["paper images/s"], t4["our images/s, CPU"], t4[f"our images/s, {GPU}"]) == (
+        "142.8", "2 (extrapolated) at batch 1", "80 at batch 10")
     assert row(md, "stateful-softmax", "### Table 4, MNIST")[1:3] == ["7.56", "not yet run"]
     assert "stateful-softmax" not in md.split("### Table 1: MNIST", 1)[1].split("\n## ", 1)[0]  # not in Tables 1/2
-    assert row(md, "linear", "### Table 5, MNIST")[3:5] == ["0.123", "GPU"]  # measured beats extrapolated
-    assert row(md, "softmax", "### Table 5, CIFAR-10")[1:5] == ["8,651", "300.1", "9,000 (extrapolated)", "CPU"]
+    t5 = cells(md, "linear", "### Table 5, MNIST")  # a measured run beats a later extrapolated one
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == ("5.5", "7.3", "0.4", "0.123")
+    t5 = cells(md, "softmax", "### Table 5, CIFAR-10")
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == (
+        "8,651", "300.1", "9,000 (extrapolated)", "not yet run")
     # a timing run's PER (an untrained model's) is no result: left out, its seconds per epoch kept
     assert row(md, "linear", "### asr_timing (timing run)")[1:5] == ["8.08", "timing run", "824", "44.5"]
     assert row(md, "linear", "### asr\n")[1:5] == ["8.08", "23.45", "824", "31"]
