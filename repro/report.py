@@ -486,8 +486,7 @@ def _target_rows(rows):
     for label, method, dtype, pass_, peer, bound in KERNEL_TARGETS:
         mine, theirs = at.get((method, dtype, pass_)), at.get((peer, dtype, pass_)) if peer else None
         if mine is None or (peer and theirs is None):
-            out.append([label, _ms_cell(mine) if mine is not None else "not measured yet",
-                        "not measured yet" if mine is None or mine.status == "ok" else f"not measured ({mine.status})"])
+            out.append([label, "not measured yet" if mine is None else f"{peer}: not measured yet", "not measured yet"])
             continue
         if mine.status != "ok" or (peer and theirs.status != "ok"):
             why = mine if mine.status != "ok" else theirs
@@ -544,7 +543,8 @@ def _bench_table(folder, df, root) -> str:
     latest = {(r["dtype"], r["pass"], int(r.batch), int(r.heads), int(r.d), int(r.n), r.method): r
               for _, r in df.iterrows()}
     points = sorted({k[:6] for k in latest}, key=lambda k: (k[0], k[1] != "fwd", k[2:]))
-    rows = [[dt, p, f"{b} x {h} x {d}", n, *[_ms_cell(latest.get((dt, p, b, h, d, n, m))) for m in methods]]
+    rows = [[dt, p, f"{b} x {h} x {d}", n, *[_ms_cell(latest[(dt, p, b, h, d, n, m)]) if (dt, p, b, h, d, n, m) in latest else None
+                                                for m in methods]]
             for dt, p, b, h, d, n in points]
     whys = sorted({f"{m}: {s}" for m, s in zip(df.method, df.status.astype(str)) if s != "ok"})
     return (f"### {folder.relative_to(root)}\n\nHardware: {hardware(df)}  \nCommand: {code(command(folder, root))}\n\n"

@@ -332,3 +332,19 @@ def test_without_gpu_results_the_report_says_not_measured_yet(tmp_path):
     targets = md.split("### Kernel targets (GPU: not measured yet)", 1)[1].split("\n### ", 1)[0]
     assert targets.count("| not measured yet | not measured yet |") == 6
     assert "Not run yet (no results/gpu/ folder)" in md
+
+
+def test_a_kernel_target_without_its_peer_is_not_measured(tmp_path):
+    d = tmp_path / "results" / "kernels" / "h100"
+    d.mkdir(parents=True)
+    pd.DataFrame([bench_row(H100, "cupy", "bf16", "fwd", 0.3), bench_row(H100, "cupy", "fp32", "fwd", 0.3),
+                  bench_row(H100, "fast_transformers", "fp32", "fwd", None, status="missing: not built")]).to_csv(
+        d / "bench.csv", index=False)
+    md = build(tmp_path / "results", tmp_path / "R.md")
+    section = f"### Kernel targets on {H100}\n"
+    assert row(md, "faster than fla's chunk kernel, bf16, forward", section)[1:] == [
+        "fla_chunk: not measured yet", "not measured yet"]
+    assert row(md, ">= 10x the authors' kernel, fp32, forward", section)[1:] == [
+        "fast_transformers: missing: not built", "not measured"]
+    assert row(md, "forward + backward <= 1.25 ms, bf16", section)[1:] == ["not measured yet", "not measured yet"]
+    assert cells(md, "bf16 | fwd | 8 x 8 x 64 | 16384", "### kernels/h100")["fast_transformers"] == "—"  # no row
