@@ -2,6 +2,7 @@
 table gets its row beside ours (value, hardware, command); tables with no result say so."""
 import json
 import re
+import shutil
 
 import pandas as pd
 
@@ -140,7 +141,8 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
 
 def test_the_committed_results_build(tmp_path):
     md = build(REPO / "results", tmp_path / "REPORT.md")
-    for heading in ("## Figure 1", "## Figure 2", "## Tables 1 and 2", "## Table 4", "## Table 5", "## Table 3"):
+    for heading in ("## Figure 1", "## Figure 2", "## Tables 1 and 2", "## Table 4", "## Table 5", "## Table 3",
+                    "## Kernel benchmark", "## GPU runs"):
         assert heading in md
     assert "figure1-family-cpu" in md and "copy/figure2_cpu" in md
 
@@ -322,8 +324,13 @@ def test_kernel_targets_stand_met_or_not_met_on_either_side(tmp_path):
 
 
 def test_without_gpu_results_the_report_says_not_measured_yet(tmp_path):
-    md = build(REPO / "results", tmp_path / "REPORT.md")
-    assert not (REPO / "results" / "gpu").exists()  # today; this test pins the no-GPU report
+    root = tmp_path / "results"
+    gpu_results(root)
+    shutil.rmtree(root / "gpu")  # the CPU runs only, as results/ is before any GPU run
+    bench = root / "kernels" / "cpu"  # a CPU benchmark at the target shape: no GPU target stands on it
+    bench.mkdir(parents=True)
+    pd.DataFrame([bench_row(CPU, "cupy", "bf16", "fwd", 0.1)]).to_csv(bench / "bench.csv", index=False)
+    md = build(root, root / "REPORT.md")
     assert "GPU: not measured yet" in md.split("\n## ", 1)[0]
     for section in ("### Table 1: MNIST", "### Table 4, MNIST", "### Table 5, CIFAR-10"):
         header = md.split(section, 1)[1].split("\n|", 1)[1].split("\n", 1)[0]
