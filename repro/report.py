@@ -595,7 +595,7 @@ def gpu_runs(root) -> tuple[str, set]:
     for d in step_dirs:
         by_run.setdefault(d.parent, []).append(d)
     for run, steps in by_run.items():
-        part = [f"### {run.relative_to(root)}"]
+        part = [f"### {run.relative_to(root) if run != root else run.name}"]  # the device's folder
         order = {name: i for i, name in STEPS.items()}
         rows = []
         for d in sorted(steps, key=lambda d: order[d.name]):

@@ -275,6 +275,8 @@ def test_cpu_and_gpu_values_land_in_their_own_columns(tmp_path):
     assert "GPU kernel tests (env/kernel_tests.xml): 2 passed, 1 failed, 2 skipped " \
            "(failed: tests.test_cupy_kernels.test_b)" in runs
     assert "## Other results" not in md  # every GPU step's folder is shown in a section
+    alone = build(root / "gpu" / "NVIDIA_H100_80GB_HBM3", tmp_path / "R.md")  # --results at one device's folder
+    assert "\n### NVIDIA_H100_80GB_HBM3\n" in alone and "| 6 mnist | done |" in alone
 
 
 def bench_row(device, method, dtype, pass_, ms, n=16384, status="ok", time="2026-11-23T12:00:00+00:00"):
