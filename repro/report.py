@@ -14,8 +14,14 @@ What it reads (the convention for results folders; any depth under results/):
                                                   seconds_per_epoch or s_per_epoch; a folder whose
                                                   `label` (in the CSV or its .jsonl rows) says
                                                   "timing run" gives seconds per epoch only
-  rows carry `device` (the hardware) as every result row does (for Table 3, the run rows in a
-  .jsonl beside the CSV may carry it instead).
+  bench.csv (repro.kernels.bench)                 the kernel targets of issue 17, one table per run
+  kernels.csv (task=kernels)                      the chunked path against the loop and naive formula
+  bpd_vs_time.csv (+ .png)                        MNIST bits/dim against training time (reproduce_gpu)
+  <step>/status.json, env/env.json, env/kernel_tests.xml   each reproduce_gpu run's steps, environment
+                                                  and kernel tests
+  rows carry `device` (the hardware) as every result row does (for Tables 1/2 bits/dim and Table 3,
+  the run rows in a .jsonl beside the CSV may carry it instead). Tables 1, 2, 4 and 5 give ours in
+  one column per hardware: CPU (any CPU), and each GPU by its name; a cell never mixes hardware.
 The command that produced a folder: its `command.txt` (the exact command line, one or more
 lines), else the first `python ...` command in the README.md of the folder or of the nearest
 parent folder under results/. A paper table with no result of ours says "not yet run".
@@ -97,6 +103,12 @@ def is_gpu(device: str) -> bool:
     return bool(re.search(r"nvidia|cuda|tesla|geforce|\b[AHVLP]\d{2,3}\b", device, re.I))
 
 
+def hw_class(device: str) -> str:
+    """The hardware a result is shown under: "CPU" for every CPU (their device strings differ by
+    thread count), else the GPU's own name (two GPUs are two columns)."""
+    return device.strip() if is_gpu(device) else "CPU"
+
+
 def dataset_of(value) -> str | None:
     v = str(value).lower()
     return "cifar10" if "cifar" in v else "mnist" if "mnist" in v else None
@@ -170,17 +182,30 @@ def figure2(root, rel) -> str:
     return "\n\n".join(out)
 
 
+def _devices_by_attention(folder) -> dict:
+    """{attention: device} from the run rows (.jsonl) beside a table whose rows do not name their
+    device (the image task's bpd_final.csv)."""
+    found = {}
+    for r in _run_rows(folder):
+        if r.get("attention") and r.get("device"):
+            found.setdefault(str(r["attention"]), set()).add(str(r["device"]))
+    return {att: "; ".join(sorted(devices)) for att, devices in found.items()}
+
+
 def _bits_per_dim(csvs):
-    """{(dataset, attention): (value, folder, device)} from every CSV with a bits/dim column."""
+    """{(dataset, attention, hardware class): (value, folder, device)} from every CSV with a
+    bits/dim column (the last folder wins among those on the same class of hardware)."""
     found = {}
     for path, df in csvs:
         col = next((c for c in ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim") if c in df), None)
         if col is None or "attention" not in df:
             continue
+        beside = {} if "device" in df else _devices_by_attention(path.parent)
         for _, r in df.dropna(subset=[col]).iterrows():
             ds = dataset_of(r.get("dataset", r.get("task", "")))
             if ds:
-                found[(ds, str(r.attention))] = (float(r[col]), path.parent, str(r.get("device", "")))
+                device = str(r["device"]) if "device" in df else beside.get(str(r.attention), "")
+                found[(ds, str(r.attention), hw_class(device))] = (float(r[col]), path.parent, device)
     return found
 
 
@@ -197,10 +222,17 @@ def _marked(value, r) -> str:
     return f"{_num(float(value))}{' (extrapolated)' if _extrapolated(r) else ''}"
 
 
-def _largest_batch(thr, ds, method):
-    """(folder, row) of our run of `method` on `ds` at the largest batch (the last folder of equals),
-    or None."""
-    found = [(f, d[(d["size"].map(dataset_of) == ds) & (d.method == method)]) for f, d in thr]
+def _on(df, cls):
+    """The rows of `df` that ran on hardware class `cls` (see hw_class)."""
+    devices = df["device"].astype(str) if "device" in df else pd.Series("", index=df.index)
+    return df[devices.map(hw_class) == cls]
+
+
+def _largest_batch(thr, ds, method, cls):
+    """(folder, row) of our run of `method` on `ds` on hardware class `cls` at the largest batch
+    (the last folder of equals), or None."""
+    found = [(f, _on(d, cls)) for f, d in thr]
+    found = [(f, d[(d["size"].map(dataset_of) == ds) & (d.method == method)]) for f, d in found]
     found = [(f, d[d.batch == d.batch.max()]) for f, d in found if len(d)]
     found.sort(key=lambda fd: fd[1].batch.iloc[0])
     return (found[-1][0], found[-1][1].iloc[0]) if found else None
@@ -208,53 +240,119 @@ def _largest_batch(thr, ds, method):
 
 def _images_per_s(found):
     if found is None:
-        return "not yet run", None
+        return "not yet run"
     _, r = found
-    return _marked(r.images_per_s, r), int(r.batch)
+    return f"{_marked(r.images_per_s, r)} at batch {int(r.batch)}"
 
 
+def _batch_1(thr, ds, method, cls):
+    """(folder, rows) of our run of `method` on `ds` on class `cls` at batch 1, a measured run
+    preferred to an extrapolated one, else the last folder; or None."""
+    mine = [(f, _on(d, cls)) for f, d in thr]
+    mine = [(f, d[(d["size"].map(dataset_of) == ds) & (d.method == method) & (d.batch == 1)]) for f, d in mine]
+    mine = [(f, d) for f, d in mine if len(d)]
+    mine.sort(key=lambda fd: not _extrapolated(fd[1].iloc[0]))  # measured last
+    return mine[-1] if mine else None
+
+
+def gpu_classes(thr, bpd=None) -> list[str]:
+    """The GPUs (by name) that any throughput or bits/dim row ran on, in order."""
+    names = {hw_class(str(v)) for _, d in thr if "device" in d for v in d.device.dropna()}
+    names |= {cls for (_, _, cls) in (bpd or {})}
+    return sorted(names - {"CPU"})
+
+
+def _gpu_headers(gpus, quantity) -> list[str]:
+    """One column per GPU, named by it; with none, one column saying so."""
+    return [f"our {quantity}, {g}" for g in gpus] or [GPU_NONE]
+
+
+GPU_NONE = "our GPU: not measured yet"
 NOT_STATED = ("The paper does not state the batch it generated at; ours is our largest batch, and a value "
               "marked (extrapolated) comes from a generation stopped at its time budget and extrapolated "
               "(`positions_measured` in its throughput.csv).")
+BY_HARDWARE = ("Our values are in one column per hardware (CPU, and each GPU by name): a cell holds one "
+               "run's value on that hardware, never a mix; `python -m repro.reproduce_gpu` fills the GPU "
+               "columns.")
+
+
+def _cpu_hardware(found) -> str | None:
+    """The CPU(s) the chosen CPU rows ran on: each a device string."""
+    return "; ".join(dict.fromkeys(d for d in found if d)) or None
+
+
+def _commands(folders, root) -> str | None:
+    cmds = "; ".join(dict.fromkeys(command(f, root) for f in folders))
+    return code(cmds) if cmds else None
 
 
 def tables_1_2(root, rel, bpd) -> str:
     out = ["## Tables 1 and 2: image generation, bits/dim and images/s",
            "Paper: bits/dim on the test set and images/s of unconditional generation; Table 1 MNIST "
            f"({paper.IMAGES_SETUP['mnist']}), Table 2 CIFAR-10 ({paper.IMAGES_SETUP['cifar10']}). "
-           f"Ours: bits/dim from the image task, images/s from task=throughput. {NOT_STATED}"]
+           f"Ours: bits/dim from the image task, images/s from task=throughput. {NOT_STATED} {BY_HARDWARE}"]
     thr = _throughput(root)
+    gpus = gpu_classes(thr, bpd)
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = []
         for method, (p_bpd, p_ips) in paper.BITS_PER_DIM[ds].items():
-            b = bpd.get((ds, method))
-            found = _largest_batch(thr, ds, method)
-            ips, batch = _images_per_s(found)
-            hw = "; ".join(x for x in [b[2] if b else "", str(found[1].get("device", "")) if found else ""] if x) or None
-            cmds = "; ".join(dict.fromkeys(([command(b[1], root)] if b else []) +
-                                           ([command(found[0], root)] if found else [])))
-            rows.append([method, p_bpd, b[0] if b else "not yet run", p_ips, ips, batch, hw,
-                         code(cmds) if cmds else None])
-        out.append(f"### {paper.TABLES_1_2[ds]}: {name}\n\n" + md_table(
-            ["method", "paper bits/dim", "our bits/dim", "paper images/s", "our images/s", "our batch",
-             "our hardware", "command"], rows))
+            bits = {cls: bpd.get((ds, method, cls)) for cls in ["CPU", *gpus]}
+            ips = {cls: _largest_batch(thr, ds, method, cls) for cls in ["CPU", *gpus]}
+            cpu_hw = _cpu_hardware([bits["CPU"][2] if bits["CPU"] else "",
+                                    str(ips["CPU"][1].get("device", "")) if ips["CPU"] else ""])
+            folders = [b[1] for b in bits.values() if b] + [f[0] for f in ips.values() if f]
+            rows.append([method, p_bpd, *[bits[c][0] if bits[c] else "not yet run" for c in ["CPU", *gpus]],
+                         *([] if gpus else [None]), p_ips,
+                         *[_images_per_s(ips[c]) for c in ["CPU", *gpus]], *([] if gpus else [None]),
+                         cpu_hw, _commands(folders, root)])
+        header = ["method", "paper bits/dim", "our bits/dim, CPU", *[f"our bits/dim, {g}" for g in gpus],
+                  *([] if gpus else [GPU_NONE]), "paper images/s", "our images/s, CPU",
+                  *[f"our images/s, {g}" for g in gpus], *([] if gpus else [GPU_NONE]), "our CPU hardware",
+                  "command"]
+        out.append(f"### {paper.TABLES_1_2[ds]}: {name}\n\n" + md_table(header, rows))
+    out += bpd_vs_time(root, rel)
     return "\n\n".join(out)
+
+
+def bpd_vs_time(root, rel) -> list[str]:
+    """The GPU MNIST step's held-out bits/dim against training time (reproduce_gpu step 6)."""
+    out = []
+    for folder, df in read_csvs(root, "bpd_vs_time.csv"):
+        if not {"attention", "train_seconds", "eval_bpd"} <= set(df):
+            continue
+        rows = []
+        for att, g in df.sort_values("step").groupby("attention", sort=False):
+            last = g.iloc[-1]
+            rows.append([att, paper.BITS_PER_DIM["mnist"].get(att, (None,))[0], len(g), int(last.step),
+                         float(last.train_seconds), float(last.eval_bpd), float(g.eval_bpd.min())])
+        out.append(f"### Table 1, MNIST: held-out bits/dim against training time ({folder.relative_to(root)})\n\n"
+                   f"Hardware: {hardware(df)}  \nCommand: {code(command(folder, root))}\n\n"
+                   "The same training wall time per attention; training seconds = step x that run's median time "
+                   "per step (bpd_vs_time.csv).\n\n"
+                   + md_table(["attention", "paper bits/dim (converged)", "our evaluations", "our last step",
+                               "our training s", "our last bits/dim", "our best bits/dim"], rows))
+        if (folder / "bpd_vs_time.png").is_file():
+            out.append(f"![bits/dim against time, {folder.relative_to(root)}]({rel(folder / 'bpd_vs_time.png')})")
+    return out
 
 
 def table_4(root, rel) -> str:
     out = ["## Table 4 (supplementary): images per second, with stateful softmax",
            "Paper: images/s of unconditional generation for both datasets, with softmax re-running the prefix "
-           "and stateful softmax (a key/value cache, supplementary C.1). Ours: task=throughput. " + NOT_STATED]
+           "and stateful softmax (a key/value cache, supplementary C.1). Ours: task=throughput. "
+           f"{NOT_STATED} {BY_HARDWARE}"]
     thr = _throughput(root)
+    gpus = gpu_classes(thr)
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = []
         for method, p_ips in paper.IMAGES_PER_S[ds].items():
-            found = _largest_batch(thr, ds, method)
-            ips, batch = _images_per_s(found)
-            rows.append([method, p_ips, ips, batch, (str(found[1].get("device", "")) or "not recorded") if found else None,
-                         code(command(found[0], root)) if found else None])
+            ips = {cls: _largest_batch(thr, ds, method, cls) for cls in ["CPU", *gpus]}
+            cpu_hw = _cpu_hardware([str(ips["CPU"][1].get("device", "")) or "not recorded"] if ips["CPU"] else [])
+            rows.append([method, p_ips, *[_images_per_s(ips[c]) for c in ["CPU", *gpus]], *([] if gpus else [None]),
+                         cpu_hw, _commands([f[0] for f in ips.values() if f], root)])
         out.append(f"### Table 4, {name}\n\n" + md_table(
-            ["method", "paper images/s", "our images/s", "our batch", "our hardware", "command"], rows))
+            ["method", "paper images/s", "our images/s, CPU", *_gpu_headers(gpus, "images/s"), "our CPU hardware",
+             "command"], rows))
     return "\n\n".join(out)
 
 
@@ -262,24 +360,26 @@ def table_5(root, rel) -> str:
     out = ["## Table 5 (supplementary): seconds to generate one image",
            "Paper: CPU and GPU seconds to generate one image, both datasets. Ours: task=throughput at batch 1; "
            "(extrapolated) where the run was stopped at its time budget and its total extrapolated (a measured "
-           "run of the same method is preferred)."]
+           f"run of the same method is preferred). {BY_HARDWARE}"]
     thr = _throughput(root)
+    gpus = gpu_classes(thr)
+
+    def value(found):
+        if found is None:
+            return "not yet run"
+        r = found[1].iloc[0]
+        return _marked(r.seconds_per_image, r) if pd.notna(r.get("seconds_per_image")) else r.get("status")
+
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = []
         for method, (cpu, gpu) in paper.SECONDS_PER_IMAGE[ds].items():
-            mine = [(f, d[(d["size"].map(dataset_of) == ds) & (d.method == method) & (d.batch == 1)]) for f, d in thr]
-            mine = [(f, d) for f, d in mine if len(d)]
-            mine.sort(key=lambda fd: not _extrapolated(fd[1].iloc[0]))  # measured last
-            if mine:
-                folder, d = mine[-1]
-                r = d.iloc[0]
-                value = _marked(r.seconds_per_image, r) if pd.notna(r.get("seconds_per_image")) else r.get("status")
-                rows.append([method, cpu, gpu, value, "GPU" if is_gpu(hardware(d)) else "CPU", hardware(d),
-                             code(command(folder, root))])
-            else:
-                rows.append([method, cpu, gpu, "not yet run", None, None, None])
-        out.append(f"### Table 5, {name}\n\n" + md_table(["method", "paper CPU s", "paper GPU s", "our s/image",
-                                                          "ours on", "our hardware", "command"], rows))
+            mine = {cls: _batch_1(thr, ds, method, cls) for cls in ["CPU", *gpus]}
+            rows.append([method, cpu, gpu, *[value(mine[c]) for c in ["CPU", *gpus]], *([] if gpus else [None]),
+                         hardware(mine["CPU"][1]) if mine["CPU"] else None,
+                         _commands([f[0] for f in mine.values() if f], root)])
+        out.append(f"### Table 5, {name}\n\n" + md_table(
+            ["method", "paper CPU s", "paper GPU s", "our CPU s", *_gpu_headers(gpus, "GPU s"), "our CPU hardware",
+             "command"], rows))
     return "\n\n".join(out)
 
 
@@ -346,6 +446,181 @@ def table_3(root, rel, asr_tables) -> str:
     return "\n\n".join(out + tables)
 
 
+# Issue 17's kernel targets, at one shape: H100, B = H = 8, D = M = 64, N = 16k. (label, method,
+# dtype, pass, peer, bound): with no peer, ms <= bound; with a peer, peer ms / our ms >= bound
+# (faster than a peer: > 1, written as bound None).
+TARGET_SHAPE = {"batch": 8, "heads": 8, "d": 64, "n": 16384}
+TARGET_GPU = "H100"
+KERNEL_TARGETS = [
+    ("forward <= 0.32 ms, bf16", "cupy", "bf16", "fwd", None, 0.32),
+    ("forward + backward <= 1.25 ms, bf16", "cupy", "bf16", "fwd_bwd", None, 1.25),
+    (">= 10x the authors' kernel, fp32, forward", "cupy", "fp32", "fwd", "fast_transformers", 10.0),
+    (">= 10x the authors' kernel, fp32, forward + backward", "cupy", "fp32", "fwd_bwd", "fast_transformers", 10.0),
+    ("faster than fla's chunk kernel, bf16, forward", "cupy", "bf16", "fwd", "fla_chunk", None),
+    ("faster than fla's chunk kernel, bf16, forward + backward", "cupy", "bf16", "fwd_bwd", "fla_chunk", None),
+]
+BENCH_METHODS = ("cupy", "cupy_norm", "torch", "fast_transformers", "fla_chunk", "sdpa")
+
+
+def _bench(csvs):
+    """(folder, rows) of every kernel benchmark table (repro.kernels.bench's bench.csv)."""
+    need = {"method", "pass", "dtype", "n", "batch", "heads", "d", "status", "device"}
+    return [(path.parent, df) for path, df in csvs if path.name == "bench.csv" and need <= set(df)]
+
+
+def _ms_cell(r) -> str:
+    """A measured time with its % of the bandwidth floor when the row carries it, else the
+    status's first word (missing, oom, skipped, error)."""
+    if r is None:
+        return "not measured yet"
+    if r.status != "ok":
+        return str(r.status).split(":")[0]
+    pct = r.get("pct_of_floor")
+    return f"{_num(float(r.ms))} ms" + (f" ({float(pct):.0f}% of floor)" if pd.notna(pct) else "")
+
+
+def _target_rows(rows):
+    """[label, measured, standing] for each of KERNEL_TARGETS from the bench rows of one GPU
+    (None: no rows at all)."""
+    at = {}
+    if rows is not None:
+        shape = (rows.batch == TARGET_SHAPE["batch"]) & (rows.heads == TARGET_SHAPE["heads"]) & \
+                (rows.d == TARGET_SHAPE["d"]) & (rows.n == TARGET_SHAPE["n"])
+        ordered = rows[shape].sort_values("time", kind="stable") if "time" in rows else rows[shape]
+        at = {(r.method, r["dtype"], r["pass"]): r for _, r in ordered.iterrows()}  # the latest row of a point
+    out = []
+    for label, method, dtype, pass_, peer, bound in KERNEL_TARGETS:
+        mine, theirs = at.get((method, dtype, pass_)), at.get((peer, dtype, pass_)) if peer else None
+        if mine is None or (peer and theirs is None):
+            out.append([label, "not measured yet" if mine is None else f"{peer}: not measured yet", "not measured yet"])
+            continue
+        if mine.status != "ok" or (peer and theirs.status != "ok"):
+            why = mine if mine.status != "ok" else theirs
+            out.append([label, f"{why.method}: {why.status}", "not measured"])
+            continue
+        if peer is None:
+            out.append([label, _ms_cell(mine), "met" if float(mine.ms) <= bound else "not met"])
+        else:
+            ratio = float(theirs.ms) / float(mine.ms)  # above 1: ours is faster
+            ok = ratio >= bound if bound is not None else ratio > 1
+            out.append([label, f"{ratio:.3g}x ({method} {_num(float(mine.ms))} ms, {peer} {_num(float(theirs.ms))} ms)",
+                        "met" if ok else "not met"])
+    return out
+
+
+def kernels(root, rel, csvs) -> str:
+    shape = ", ".join(f"{'B' if k == 'batch' else 'H' if k == 'heads' else 'D = M' if k == 'd' else 'N'} = {v:,}"
+                      for k, v in TARGET_SHAPE.items())
+    out = ["## Kernel benchmark: the causal dot product against its peers",
+           f"Issue 17's targets for this suite's CUDA kernel (method `cupy`), on an {TARGET_GPU} at {shape}; "
+           "from `python -m repro.kernels.bench` (reproduce_gpu step 2), each target on the latest row of its point. "
+           "% of floor: the least bytes the pass must move over the copy bandwidth measured in the same run."]
+    bench = _bench(csvs)
+    gpu_rows = {}
+    for _, df in bench:
+        for cls, g in df.groupby(df.device.astype(str).map(hw_class)):
+            if cls != "CPU":
+                gpu_rows[cls] = pd.concat([gpu_rows[cls], g]) if cls in gpu_rows else g
+    header = ["target", "measured", "standing"]
+    if not gpu_rows:
+        out.append(f"### Kernel targets (GPU: not measured yet)\n\n" + md_table(header, _target_rows(None)))
+    for cls, rows in sorted(gpu_rows.items()):
+        note = "" if TARGET_GPU.lower() in cls.lower() else f" (the targets were set for an {TARGET_GPU})"
+        out.append(f"### Kernel targets on {cls}{note}\n\n" + md_table(header, _target_rows(rows)))
+    for folder, df in bench:
+        out.append(_bench_table(folder, df, root))
+    for path, df in csvs:  # the CPU kernel task's table (task=kernels: chunked against loop and naive)
+        if path.name == "kernels.csv" and {"implementation", "n", "forward_ms"} <= set(df):
+            folder = path.parent
+            rows = [[r.implementation, int(r.n), r.get("dtype"), r.forward_ms, r.get("forward_backward_ms"),
+                     r.get("forward_backward_ms_vs_chunked")] for _, r in df.iterrows()]
+            out.append(f"### {folder.relative_to(root)} (the chunked path, task=kernels)\n\n"
+                       f"Hardware: {hardware(df)}  \nCommand: {code(command(folder, root))}\n\n"
+                       + md_table(["implementation", "N", "dtype", "forward ms", "forward + backward ms",
+                                   "forward + backward vs chunked (x slower)"], rows))
+    return "\n\n".join(out)
+
+
+def _bench_table(folder, df, root) -> str:
+    """One benchmark run: a row per (dtype, pass, N, shape), a column per method (ms and % of the
+    bandwidth floor), and why a method has no number."""
+    df = df.sort_values("time", kind="stable") if "time" in df else df
+    methods = [m for m in BENCH_METHODS if m in set(df.method)] + sorted(set(df.method) - set(BENCH_METHODS))
+    latest = {(r["dtype"], r["pass"], int(r.batch), int(r.heads), int(r.d), int(r.n), r.method): r
+              for _, r in df.iterrows()}
+    points = sorted({k[:6] for k in latest}, key=lambda k: (k[0], k[1] != "fwd", k[2:]))
+    rows = [[*point[:2], "{} x {} x {}".format(*point[2:5]), point[5],
+             *[_ms_cell(latest[(*point, m)]) if (*point, m) in latest else None for m in methods]]
+            for point in points]
+    whys = sorted({f"{m}: {s}" for m, s in zip(df.method, df.status.astype(str)) if s != "ok"})
+    return (f"### {folder.relative_to(root)}\n\nHardware: {hardware(df)}  \nCommand: {code(command(folder, root))}\n\n"
+            + md_table(["dtype", "pass", "B x H x D", "N", *methods], rows)
+            + ("\n\nNo number: " + "; ".join(whys) if whys else ""))
+
+
+def _kernel_tests(xml_path) -> str:
+    """passed / failed / skipped counts of a JUnit XML, and the names of the failed tests."""
+    import xml.etree.ElementTree as ET
+    try:
+        tree = ET.parse(xml_path).getroot()
+    except ET.ParseError as err:
+        return f"unreadable ({err})"
+    suites = [tree] if tree.tag == "testsuite" else tree.findall("testsuite")
+    count = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [f"{c.get('classname', '')}.{c.get('name')}" for s in suites for c in s.iter("testcase")
+              if c.find("failure") is not None or c.find("error") is not None]
+    passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
+    return (f"{passed} passed, {count['failures'] + count['errors']} failed, {count['skipped']} skipped"
+            + (f" (failed: {', '.join(failed)})" if failed else ""))
+
+
+def _flat(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items() if v is not None)
+    if isinstance(value, list):
+        return " / ".join(map(str, value))
+    return str(value)
+
+
+def gpu_runs(root) -> tuple[str, set]:
+    """The GPU runs' steps (status.json of each reproduce_gpu step), the environment report and
+    the kernel tests; and the folders it shows."""
+    from .reproduce_gpu import STEPS
+    out = ["## GPU runs: environment and steps (`python -m repro.reproduce_gpu`)"]
+    step_dirs = sorted(p.parent for p in root.rglob("status.json") if p.parent.name in STEPS.values())
+    if not step_dirs:
+        return "\n\n".join(out + ["Not run yet (no results/gpu/ folder): every GPU column above says "
+                                  "\"not measured yet\"."]), set()
+    by_run = {}
+    for d in step_dirs:
+        by_run.setdefault(d.parent, []).append(d)
+    for run, steps in by_run.items():
+        part = [f"### {run.relative_to(root) if run != root else run.name}"]  # the device's folder
+        order = {name: i for i, name in STEPS.items()}
+        rows = []
+        for d in sorted(steps, key=lambda d: order[d.name]):
+            status = json.loads((d / "status.json").read_text())
+            jobs = "; ".join(f"{name}: {j.get('status')}" + (f" ({j['reason']})" if j.get("reason") else "")
+                             + (f", {_num(float(j['seconds']))} s" if j.get("seconds") is not None else "")
+                             for name, j in status.get("jobs", {}).items())
+            files = ", ".join(sorted(p.name for p in d.iterdir() if p.is_file() and p.suffix in (".csv", ".png",
+                                                                                                     ".json", ".xml")
+                                     and p.name != "status.json"))
+            rows.append([f"{order[d.name]} {d.name}", status.get("status"), jobs, files])
+        part.append(md_table(["step", "status", "jobs", "files"], rows))
+        env = run / "env"
+        if (env / "env.json").is_file():
+            facts = json.loads((env / "env.json").read_text())
+            part.append("Environment (env/env.json):\n\n"
+                        + md_table(["key", "value"], [[k, _flat(v)] for k, v in facts.items()]))
+        if (env / "kernel_tests.xml").is_file():
+            part.append(f"GPU kernel tests (env/kernel_tests.xml): {_kernel_tests(env / 'kernel_tests.xml')}")
+        elif env.is_dir():
+            part.append("GPU kernel tests: no env/kernel_tests.xml (not run; see step 1's jobs)")
+        out.append("\n\n".join(part))
+    return "\n\n".join(out), set(step_dirs)
+
+
 def others(root, rel, used) -> str:
     rest = sorted({p.parent for p in root.rglob("*") if p.is_file() and p.name != "REPORT.md"} - used)
     rest = [d for d in rest if d != root and not any(u in d.parents or d in u.parents for u in used)]
@@ -367,16 +642,22 @@ def build(results: Path, out: Path) -> str:
 
     csvs = [(path, pd.read_csv(path)) for path in sorted(results.rglob("*.csv"))]  # read once, for every section
     bpd, asr_tables = _bits_per_dim(csvs), _asr_tables(csvs)
-    used = {p.parent for name in ("benchmark.csv", "copy_final.csv", "throughput.csv") for p in results.rglob(name)}
-    used |= {v[1] for v in bpd.values()} | {path.parent for path, *_ in asr_tables}
+    runs, run_dirs = gpu_runs(results)
+    used = {p.parent for name in ("benchmark.csv", "copy_final.csv", "throughput.csv", "bpd_vs_time.csv", "bench.csv",
+                                  "kernels.csv") for p in results.rglob(name)}
+    used |= {v[1] for v in bpd.values()} | {path.parent for path, *_ in asr_tables} | run_dirs
+    gpu = {hw_class(str(v)) for _, df in csvs if "device" in df for v in df.device.dropna()}
+    gpu = sorted((gpu | {cls for (_, _, cls) in bpd}) - {"CPU"})
     parts = ["# Report: the paper's tables and figures beside ours",
              f"Generated by `python -m repro.report` from `{results.relative_to(REPO) if REPO in results.parents else results}`. "
              "Paper values: repro/paper.py (from the paper; figure values read off its plots). "
              "Ours: the committed runs, each with the hardware it ran on and the command that produced it. "
-             "CPU-sized runs are smaller than the paper's settings: compare shapes (slopes, orderings), not absolute values.",
+             "CPU-sized runs are smaller than the paper's settings: compare shapes (slopes, orderings), not absolute values. "
+             + (f"GPU results: {', '.join(gpu)}." if gpu else
+                "GPU: not measured yet (no GPU rows under results/; `python -m repro.reproduce_gpu` makes them)."),
              figure1(results, rel), figure2(results, rel), tables_1_2(results, rel, bpd), table_4(results, rel),
-             table_5(results, rel),
-             table_3(results, rel, asr_tables), others(results, rel, used)]
+             table_5(results, rel), table_3(results, rel, asr_tables), kernels(results, rel, csvs), runs,
+             others(results, rel, used)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 

@@ -2,6 +2,7 @@
 table gets its row beside ours (value, hardware, command); tables with no result say so."""
 import json
 import re
+import shutil
 
 import pandas as pd
 
@@ -17,6 +18,14 @@ def row(md, first, section):
     part = md.split(section, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
     line = next(l for l in part.splitlines() if l.startswith(f"| {first} |"))
     return [c.strip() for c in line.strip("|").split("|")]
+
+
+def cells(md, first, section) -> dict:
+    """{column header: cell} of the table row starting with `first` inside `section`."""
+    part = md.split(section, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    lines = [l for l in part.splitlines() if l.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return dict(zip(header, row(md, first, section)))
 
 
 def fake_results(root):
@@ -41,6 +50,10 @@ def fake_results(root):
                    "extrapolated": False, "device": GPU},
                   {"size": "cifar", "method": "softmax", "batch": 1, "seconds_per_image": 9000.0, "images_per_s": 1 / 9000,
                    "extrapolated": True, "device": CPU}]).to_csv(thr / "throughput.csv", index=False)
+    measured = root / "throughput" / "cpu_measured"  # a measured CPU run at batch 1
+    measured.mkdir(parents=True)
+    pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.4, "images_per_s": 2.5,
+                   "extrapolated": False, "device": CPU}]).to_csv(measured / "throughput.csv", index=False)
     later = root / "throughput" / "zz_later"  # a later, smaller run: batch 1 only, extrapolated
     later.mkdir(parents=True)
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.5, "images_per_s": 2.0,
@@ -82,18 +95,29 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert row(md, "softmax-math", "Slopes")[1:3] == ["2", "1.9"]
     assert "Command: `python run.py experiment=paper_benchmark device=cuda`" in md and GPU in md
     assert "![Figure 1, fig1](fig1/benchmark.png)" in md
-    t1 = row(md, "linear", "### Table 1: MNIST")
-    assert t1[:6] == ["linear", "0.644", "0.71", "142.8", "80", "10"] and CPU in t1[6] and GPU in t1[6]
-    assert "task=mnist attention=linear" in t1[7] and "task=throughput device=cuda" in t1[7]
-    assert row(md, "softmax", "### Table 1: MNIST")[2] == "not yet run"
+    # CPU and GPU values each in their own column: CPU bits/dim beside CPU images/s, the GPU's apart
+    t1 = cells(md, "linear", "### Table 1: MNIST")
+    assert (t1["paper bits/dim"], t1["our bits/dim, CPU"], t1[f"our bits/dim, {GPU}"]) == ("0.644", "0.71", "not yet run")
+    assert (t1["paper images/s"], t1["our images/s, CPU"], t1[f"our images/s, {GPU}"]) == (
+        "142.8", "2 (extrapolated) at batch 1", "80 at batch 10")
+    assert CPU in t1["our CPU hardware"] and GPU not in t1["our CPU hardware"]
+    assert "task=mnist attention=linear" in t1["command"] and "task=throughput device=cuda" in t1["command"]
+    assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "not yet run"
     # an images/s from a generation stopped at its time budget says so, in every table that shows it
-    assert row(md, "softmax", "### Table 2: CIFAR-10")[4] == "0.0001111 (extrapolated)"
-    assert row(md, "softmax", "### Table 4, CIFAR-10")[1:4] == ["0.004", "0.0001111 (extrapolated)", "1"]
-    assert row(md, "linear", "### Table 4, MNIST")[1:4] == ["142.8", "80", "10"]
+    assert cells(md, "softmax", "### Table 2: CIFAR-10")["our images/s, CPU"] == "0.0001111 (extrapolated) at batch 1"
+    t4 = cells(md, "softmax", "### Table 4, CIFAR-10")
+    assert (t4["paper images/s"], t4["our images/s, CPU"], t4[f"our images/s, {GPU}"]) == (
+        "0.004", "0.0001111 (extrapolated) at batch 1", "not yet run")
+    t4 = cells(md, "linear", "### Table 4, MNIST")
+    assert (t4["paper images/s"], t4["our images/s, CPU"], t4[f"our images/s, {GPU}"]) == (
+        "142.8", "2 (extrapolated) at batch 1", "80 at batch 10")
     assert row(md, "stateful-softmax", "### Table 4, MNIST")[1:3] == ["7.56", "not yet run"]
     assert "stateful-softmax" not in md.split("### Table 1: MNIST", 1)[1].split("\n## ", 1)[0]  # not in Tables 1/2
-    assert row(md, "linear", "### Table 5, MNIST")[3:5] == ["0.123", "GPU"]  # measured beats extrapolated
-    assert row(md, "softmax", "### Table 5, CIFAR-10")[1:5] == ["8,651", "300.1", "9,000 (extrapolated)", "CPU"]
+    t5 = cells(md, "linear", "### Table 5, MNIST")  # a measured run beats a later extrapolated one
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == ("5.5", "7.3", "0.4", "0.123")
+    t5 = cells(md, "softmax", "### Table 5, CIFAR-10")
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == (
+        "8,651", "300.1", "9,000 (extrapolated)", "not yet run")
     # a timing run's PER (an untrained model's) is no result: left out, its seconds per epoch kept
     assert row(md, "linear", "### asr_timing (timing run)")[1:5] == ["8.08", "timing run", "824", "44.5"]
     assert row(md, "linear", "### asr\n")[1:5] == ["8.08", "23.45", "824", "31"]
@@ -117,7 +141,8 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
 
 def test_the_committed_results_build(tmp_path):
     md = build(REPO / "results", tmp_path / "REPORT.md")
-    for heading in ("## Figure 1", "## Figure 2", "## Tables 1 and 2", "## Table 4", "## Table 5", "## Table 3"):
+    for heading in ("## Figure 1", "## Figure 2", "## Tables 1 and 2", "## Table 4", "## Table 5", "## Table 3",
+                    "## Kernel benchmark", "## GPU runs"):
         assert heading in md
     assert "figure1-family-cpu" in md and "copy/figure2_cpu" in md
 
@@ -174,3 +199,161 @@ def fake(tmp_path):
     root = tmp_path / "fake"
     fake_results(root)
     return root
+
+
+# ----------------------------------------------------------------------------- GPU results (repro.reproduce_gpu)
+
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+
+
+def gpu_results(root):
+    """A results tree laid out as `python -m repro.reproduce_gpu` writes it (formats as its --smoke
+    run writes them), beside a CPU run of the same attentions that sorts after results/gpu/."""
+    cpu_img = root / "images" / "mnist_cpu"  # "images" sorts after "gpu": it used to overwrite the GPU value
+    cpu_img.mkdir(parents=True)
+    pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": 1.69}]).to_csv(
+        cpu_img / "bpd_final.csv", index=False)
+    (cpu_img / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": CPU, "kind": "final"}) + "\n")
+    pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 5.0, "images_per_s": 0.2,
+                   "extrapolated": False, "device": CPU}]).to_csv(cpu_img / "throughput.csv", index=False)
+    for gpu, folder, bpd, ips, spi in ((H100, "NVIDIA_H100_80GB_HBM3", 0.91, 300.0, 0.7),
+                                       (H200, "NVIDIA_H200", 0.93, 350.0, 0.6)):
+        step = root / "gpu" / folder
+        mnist = step / "mnist"
+        mnist.mkdir(parents=True)
+        pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": bpd}]).to_csv(
+            mnist / "bpd_final.csv", index=False)
+        (mnist / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": gpu, "kind": "final"}) + "\n")
+        pd.DataFrame([{"attention": a, "step": s, "train_seconds": s * 0.01, "eval_bpd": b, "device": gpu}
+                      for a, s, b in (("linear", 250, 1.4), ("linear", 500, 1.1), ("softmax", 250, 1.6))]).to_csv(
+            mnist / "bpd_vs_time.csv", index=False)
+        (mnist / "bpd_vs_time.png").write_bytes(b"\x89PNG fake")
+        gen = step / "generation"
+        gen.mkdir()
+        pd.DataFrame([{"size": "mnist", "method": "linear", "batch": b, "seconds_per_image": s, "images_per_s": i,
+                       "extrapolated": False, "device": gpu} for b, s, i in ((1, spi, 1 / spi), (256, 1 / ips, ips))]
+                     ).to_csv(gen / "throughput.csv", index=False)
+        (gen / "command.txt").write_text("python run.py task=throughput device=cuda\n")
+        for name, status in (("env", "done"), ("mnist", "done"), ("generation", "done"), ("kernels", "incomplete")):
+            (step / name).mkdir(exist_ok=True)
+            (step / name / "status.json").write_text(json.dumps({"status": status, "jobs": {
+                "job": {"status": "ok" if status == "done" else "failed (exit 1)", "seconds": 12.0}}}))
+        (step / "env" / "env.json").write_text(json.dumps({"device": gpu, "cuda_available": True, "cupy": "14.2.0",
+                                                           "nvcc": ["release 13.0", "V13.0.88"]}))
+    # a JUnit XML as pytest writes it: 5 tests, 1 failed, 2 skipped
+    (root / "gpu" / "NVIDIA_H100_80GB_HBM3" / "env" / "kernel_tests.xml").write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1" '
+        'skipped="2" tests="5"><testcase classname="tests.test_cupy_kernels" name="test_a"/>'
+        '<testcase classname="tests.test_cupy_kernels" name="test_b"><failure message="x"/></testcase>'
+        '</testsuite></testsuites>')
+
+
+def test_cpu_and_gpu_values_land_in_their_own_columns(tmp_path):
+    root = tmp_path / "results"
+    gpu_results(root)
+    md = build(root, root / "REPORT.md")
+    t1 = cells(md, "linear", "### Table 1: MNIST")
+    assert (t1["our bits/dim, CPU"], t1[f"our bits/dim, {H100}"], t1[f"our bits/dim, {H200}"]) == ("1.69", "0.91", "0.93")
+    assert (t1["our images/s, CPU"], t1[f"our images/s, {H100}"], t1[f"our images/s, {H200}"]) == (
+        "0.2 at batch 1", "300 at batch 256", "350 at batch 256")
+    assert t1["our CPU hardware"] == CPU  # the GPUs are named by their columns, not here
+    t4 = cells(md, "linear", "### Table 4, MNIST")
+    assert (t4["our images/s, CPU"], t4[f"our images/s, {H100}"]) == ("0.2 at batch 1", "300 at batch 256")
+    t5 = cells(md, "linear", "### Table 5, MNIST")
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {H100}"], t5[f"our GPU s, {H200}"]) \
+        == ("5.5", "7.3", "5", "0.7", "0.6")
+    assert "not measured yet" not in md.split("## Tables 1 and 2", 1)[1].split("## Table 3", 1)[0]
+    # bits/dim against training time, per GPU run: the last and best evaluation of each attention
+    t = cells(md, "linear", "### Table 1, MNIST: held-out bits/dim against training time (gpu/NVIDIA_H100_80GB_HBM3/mnist)")
+    assert (t["paper bits/dim (converged)"], t["our last step"], t["our training s"], t["our last bits/dim"]) == (
+        "0.644", "500", "5", "1.1")
+    assert "](gpu/NVIDIA_H100_80GB_HBM3/mnist/bpd_vs_time.png)" in md
+    # the GPU runs: each step's status, the environment, the kernel tests' counts
+    runs = md.split("### gpu/NVIDIA_H100_80GB_HBM3\n", 1)[1].split("\n### ", 1)[0]
+    assert row(runs, "2 kernels", "| step |")[1] == "incomplete" and row(runs, "1 env", "| step |")[1] == "done"
+    assert row(runs, "nvcc", "Environment") == ["nvcc", "release 13.0 / V13.0.88"]
+    assert "GPU kernel tests (env/kernel_tests.xml): 2 passed, 1 failed, 2 skipped " \
+           "(failed: tests.test_cupy_kernels.test_b)" in runs
+    assert "## Other results" not in md  # every GPU step's folder is shown in a section
+    alone = build(root / "gpu" / "NVIDIA_H100_80GB_HBM3", tmp_path / "R.md")  # --results at one device's folder
+    assert "\n### NVIDIA_H100_80GB_HBM3\n" in alone and "| 6 mnist | done |" in alone
+
+
+def bench_row(device, method, dtype, pass_, ms, n=16384, status="ok", time="2026-11-23T12:00:00+00:00"):
+    return {"device": device, "time": time, "task": "kernels.bench", "method": method, "pass": pass_, "dtype": dtype,
+            "batch": 8, "heads": 8, "n": n, "d": 64, "m": 64, "status": status, "ms": ms if status == "ok" else None,
+            "pct_of_floor": 100 * 0.2 / ms if status == "ok" else None}
+
+
+def test_kernel_targets_stand_met_or_not_met_on_either_side(tmp_path):
+    root = tmp_path / "results"
+    # H100: each target just met (the time bounds are inclusive); H200: each just missed
+    for dev, folder, (fwd, fwd_bwd, ft_fwd, ft_bwd, fla_fwd, fla_bwd) in (
+            (H100, "NVIDIA_H100_80GB_HBM3", (0.32, 1.25, 3.3, 12.6, 0.33, 1.26)),
+            (H200, "NVIDIA_H200", (0.33, 1.26, 3.19, 12.49, 0.33, 1.26))):
+        d = root / "gpu" / folder / "kernels"
+        d.mkdir(parents=True)
+        rows = [bench_row(dev, "cupy", "bf16", "fwd", fwd), bench_row(dev, "cupy", "bf16", "fwd_bwd", fwd_bwd),
+                bench_row(dev, "cupy", "fp32", "fwd", 0.32), bench_row(dev, "cupy", "fp32", "fwd_bwd", 1.25),
+                bench_row(dev, "fast_transformers", "fp32", "fwd", ft_fwd),
+                bench_row(dev, "fast_transformers", "fp32", "fwd_bwd", ft_bwd),
+                bench_row(dev, "fla_chunk", "bf16", "fwd", fla_fwd), bench_row(dev, "fla_chunk", "bf16", "fwd_bwd", fla_bwd),
+                # another N, and an earlier row of the target point: neither counts
+                bench_row(dev, "cupy", "bf16", "fwd", 0.01, n=8192),
+                bench_row(dev, "cupy", "bf16", "fwd", 0.01, time="2026-11-22T12:00:00+00:00"),
+                bench_row(dev, "sdpa", "bf16", "fwd", 0.5, status="missing: no reason")]
+        pd.DataFrame(rows).to_csv(d / "bench.csv", index=False)
+        (d / "command.txt").write_text("python -m repro.kernels.bench --out-dir x\n")
+    md = build(root, root / "REPORT.md")
+    h100 = f"### Kernel targets on {H100}\n"
+    assert row(md, "forward <= 0.32 ms, bf16", h100) == ["forward <= 0.32 ms, bf16", "0.32 ms (62% of floor)", "met"]
+    assert row(md, "forward + backward <= 1.25 ms, bf16", h100)[2] == "met"
+    assert row(md, ">= 10x the authors' kernel, fp32, forward", h100)[1:] == [
+        "10.3x (cupy 0.32 ms, fast_transformers 3.3 ms)", "met"]
+    assert row(md, ">= 10x the authors' kernel, fp32, forward + backward", h100)[2] == "met"
+    assert row(md, "faster than fla's chunk kernel, bf16, forward", h100)[2] == "met"
+    assert row(md, "faster than fla's chunk kernel, bf16, forward + backward", h100)[2] == "met"
+    h200 = f"### Kernel targets on {H200} (the targets were set for an H100)"
+    for target in ("forward <= 0.32 ms, bf16", "forward + backward <= 1.25 ms, bf16",
+                   ">= 10x the authors' kernel, fp32, forward", ">= 10x the authors' kernel, fp32, forward + backward",
+                   "faster than fla's chunk kernel, bf16, forward", "faster than fla's chunk kernel, bf16, forward + backward"):
+        assert row(md, target, h200)[2] == "not met", target
+    # each run's own table: ms and % of the floor per method, why a method has no number
+    t = cells(md, "bf16 | fwd | 8 x 8 x 64 | 16384", "### gpu/NVIDIA_H100_80GB_HBM3/kernels")
+    assert (t["cupy"], t["fla_chunk"], t["sdpa"]) == ("0.32 ms (62% of floor)", "0.33 ms (61% of floor)", "missing")
+    assert "No number: sdpa: missing: no reason" in md
+    assert "GPU: not measured yet" not in md.split("## Kernel benchmark", 1)[1]
+
+
+def test_without_gpu_results_the_report_says_not_measured_yet(tmp_path):
+    root = tmp_path / "results"
+    gpu_results(root)
+    shutil.rmtree(root / "gpu")  # the CPU runs only, as results/ is before any GPU run
+    bench = root / "kernels" / "cpu"  # a CPU benchmark at the target shape: no GPU target stands on it
+    bench.mkdir(parents=True)
+    pd.DataFrame([bench_row(CPU, "cupy", "bf16", "fwd", 0.1)]).to_csv(bench / "bench.csv", index=False)
+    md = build(root, root / "REPORT.md")
+    assert "GPU: not measured yet" in md.split("\n## ", 1)[0]
+    for section in ("### Table 1: MNIST", "### Table 4, MNIST", "### Table 5, CIFAR-10"):
+        header = md.split(section, 1)[1].split("\n|", 1)[1].split("\n", 1)[0]
+        gpu_columns = [h for h in header.split("|") if "GPU" in h and "paper" not in h]
+        assert [h.strip() for h in gpu_columns] == ["our GPU: not measured yet"] * (2 if "Table 1" in section else 1)
+    targets = md.split("### Kernel targets (GPU: not measured yet)", 1)[1].split("\n### ", 1)[0]
+    assert targets.count("| not measured yet | not measured yet |") == 6
+    assert "Not run yet (no results/gpu/ folder)" in md
+
+
+def test_a_kernel_target_without_its_peer_is_not_measured(tmp_path):
+    d = tmp_path / "results" / "kernels" / "h100"
+    d.mkdir(parents=True)
+    pd.DataFrame([bench_row(H100, "cupy", "bf16", "fwd", 0.3), bench_row(H100, "cupy", "fp32", "fwd", 0.3),
+                  bench_row(H100, "fast_transformers", "fp32", "fwd", None, status="missing: not built")]).to_csv(
+        d / "bench.csv", index=False)
+    md = build(tmp_path / "results", tmp_path / "R.md")
+    section = f"### Kernel targets on {H100}\n"
+    assert row(md, "faster than fla's chunk kernel, bf16, forward", section)[1:] == [
+        "fla_chunk: not measured yet", "not measured yet"]
+    assert row(md, ">= 10x the authors' kernel, fp32, forward", section)[1:] == [
+        "fast_transformers: missing: not built", "not measured"]
+    assert row(md, "forward + backward <= 1.25 ms, bf16", section)[1:] == ["not measured yet", "not measured yet"]
+    assert cells(md, "bf16 | fwd | 8 x 8 x 64 | 16384", "### kernels/h100")["fast_transformers"] == "—"  # no row
