@@ -70,3 +70,15 @@ def test_resume_with_the_same_limit_trains_nothing_and_a_larger_one_trains_on(co
                         f"trainer.resume={tmp_path / 'first'}"), tmp_path / "more")
     assert more["status"] == "ok" and more["steps"] == step + 5 and more["steps_this_process"] == 5
     assert more["elapsed_s"] > at_stop
+
+
+def test_time_limit_under_ddp_ends_every_rank_at_the_same_step(tmp_path):
+    """Each rank reads its own clock; the ranks agree (one collective a step, as for signals), so
+    they stop together, without a hang, and rank 0's rows and checkpoint are at that step."""
+    from test_distributed import torchrun
+
+    run_dir, rows = torchrun(tmp_path, "trainer.max_steps=100000", "trainer.eval_every=100000",
+                             "trainer.log_every=1000", "trainer.max_time_s=1")
+    final, ckpt = rows[-1], load_checkpoint(run_dir)
+    assert final["status"] == "stopped: time limit" and final["world_size"] == 2 and final["elapsed_s"] > 1
+    assert ckpt["step"] == final["steps"] == steps_of(rows, "eval")[-1] and ckpt["world_size"] == 2
