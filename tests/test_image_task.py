@@ -8,6 +8,7 @@ import pickle
 import struct
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -178,6 +179,18 @@ def test_training_lowers_bits_per_dim_writes_grids_and_resumes(compose_cfg, tmp_
     image.run(cfg)
     row = read_jsonl(tmp_path / "sampled" / "results.jsonl")[0]
     assert row["status"] == "ok" and row["step"] == 40 and Image.open(tmp_path / "sampled" / "samples.png").size == (2 * 9 + 1, 3 * 9 + 1)
+
+
+def test_a_time_limited_run_writes_its_summary(compose_cfg, tmp_path):
+    """trainer.max_time_s is a planned end, like max_steps: the run evaluates, and the task writes
+    its summary (table, curves) with the held-out bits/dim of the step it stopped at."""
+    rows = train(compose_cfg, tmp_path, "trainer.max_steps=100000", "trainer.max_time_s=0.5", "task.n_samples=0")
+    final, last_eval = rows[-1], [r for r in rows if r["kind"] == "eval"][-1]
+    assert final["status"] == "stopped: time limit" and last_eval["step"] == final["steps"] < 100000
+    summary = pd.read_csv(tmp_path / "bpd_final.csv")
+    assert summary.status.tolist() == ["stopped: time limit"] and summary.steps.tolist() == [final["steps"]]
+    assert summary.eval_bits_per_dim.tolist() == pytest.approx([last_eval["bits_per_dim"]])
+    assert "stopped: time limit" in (tmp_path / "table.txt").read_text() and (tmp_path / "bpd_curves.png").is_file()
 
 
 def test_bfloat16_training_runs(compose_cfg, tmp_path):

@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from repro import report, reproduce_gpu
+from repro.results import read_jsonl
 from repro.reproduce_gpu import Ctx, Job, Step, run_job, run_step
 
 REPO = reproduce_gpu.REPO
@@ -25,8 +27,16 @@ def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
     for f in ("kernels/bench.csv", "figure1/benchmark.csv", "generation/throughput.csv", "copy/copy_final.csv",
               "mnist/bpd_final.csv", "mnist/bpd_vs_time.csv", "speech/asr_table.csv"):
         assert (out / f).is_file(), f
-    # the fixed-wall-time MNIST run ended at its wall (SIGTERM), and that counts as done
-    assert "stopped by signal" in (out / "mnist" / "bpd_final.csv").read_text()
+    # the fixed-time MNIST run ended itself at trainer.max_time_s (exit 0, done), and bits/dim
+    # against time is its evaluations at their rows' elapsed_s
+    assert "stopped: time limit" in (out / "mnist" / "bpd_final.csv").read_text()
+    rows = read_jsonl(runs / "mnist" / "linear" / "results.jsonl")
+    evals = [(r["step"], r["elapsed_s"], r["bits_per_dim"]) for r in rows if r["kind"] == "eval"]
+    vs_time = pd.read_csv(out / "mnist" / "bpd_vs_time.csv")
+    assert list(vs_time.columns) == ["attention", "step", "elapsed_s", "eval_bpd", "device"]
+    assert vs_time.step.tolist() == [e[0] for e in evals] and evals[-1][1] > 3
+    assert vs_time.elapsed_s.tolist() == pytest.approx([e[1] for e in evals], rel=1e-9)
+    assert vs_time.eval_bpd.tolist() == pytest.approx([e[2] for e in evals], rel=1e-9)
     assert (out / "figure1" / "command.txt").read_text().startswith("python run.py experiment=paper_benchmark")
     # a rerun skips what is done, without starting anything
     assert reproduce_gpu.main(["--smoke", "--steps", "kernels,3", "--out", str(out), "--runs", str(runs)]) == 0
@@ -47,13 +57,27 @@ def test_steps_are_parsed_and_a_bad_one_is_one_line(capsys):
 
 
 def test_wall_cap_stops_a_job_with_sigterm(tmp_path):
-    """The cap sends SIGTERM (the training loop's signal to checkpoint and write its final row),
-    counted from when the run's first row appears."""
-    flag = tmp_path / "rows"
-    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); "
-            f"time.sleep(0.3); open({str(flag)!r}, 'w').close(); time.sleep(60)")
-    status, rc, seconds = run_job(Job("j", [sys.executable, "-c", code], wall_s=0.5, wall_from=flag), tmp_path / "j.log")
+    """The cap sends SIGTERM (the training loop's signal to checkpoint and write its final row)."""
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); time.sleep(60)"
+    status, rc, seconds = run_job(Job("j", [sys.executable, "-c", code], wall_s=0.5), tmp_path / "j.log")
     assert status == "stopped at wall" and rc == 3 and seconds < 30
+
+
+def test_a_cut_training_run_resumes_and_force_starts_it_afresh(tmp_path):
+    """A copy or MNIST run cut by its cap left a checkpoint: the next run resumes it (the MNIST
+    run's time limit then counts on from the checkpoint's elapsed_s); --force starts it again."""
+    for step, jobs in (("copy", reproduce_gpu.copy_jobs), ("mnist", reproduce_gpu.mnist_jobs)):
+        run_dir = tmp_path / "runs" / step / "linear"
+        for force in (False, True):
+            ctx = Ctx(tmp_path / "out", tmp_path / "runs", smoke=True, device="cpu", force=force)
+            job = jobs(ctx)[0]
+            assert (f"trainer.resume={run_dir}" in job.argv, job.fresh) == (False, run_dir)  # nothing to resume
+            (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (run_dir / "checkpoints" / "last.pt").touch()
+            job = jobs(ctx)[0]
+            resumed = f"trainer.resume={run_dir}" in job.argv
+            assert (resumed, job.fresh) == ((False, run_dir) if force else (True, None)), (step, force)
+            (run_dir / "checkpoints" / "last.pt").unlink()
 
 
 def test_a_rerun_runs_only_what_did_not_finish(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 stopping on a signal, bad settings."""
 import os
 import signal
+import time
 from functools import partial
 
 import pytest
@@ -140,12 +141,43 @@ def test_resume_between_log_points_logs_what_an_uninterrupted_run_logs(compose_c
     tiny_fit(cfg(f"trainer.resume={tmp_path / 'first'}"), tmp_path / "rest")
 
     def logged(path):  # every row but the final one, without the wall-clock fields
-        return [{k: v for k, v in r.items() if k not in ("time", "device")}
+        return [{k: v for k, v in r.items() if k not in ("time", "elapsed_s", "device")}
                 for r in read_jsonl(path / "results.jsonl") if r["kind"] != "final"]
 
     whole = logged(tmp_path / "whole")
     assert [(r["kind"], r["step"]) for r in whole] == [("train", 3), ("eval", 5), ("train", 6), ("train", 9), ("eval", 9)]
     assert logged(tmp_path / "rest") == whole
+
+
+def test_elapsed_s_runs_on_across_a_resume(compose_cfg, tmp_path):
+    """Every row carries elapsed_s, the seconds of training so far. A run stopped at step 4 and
+    resumed logs the rows an uninterrupted run logs, its clock going on from the checkpoint's:
+    monotone, and between the two processes' own loop times and their wall time measured here."""
+    cfg = partial(compose_cfg, *BASE, "trainer.max_steps=9", "trainer.log_every=3", "trainer.eval_every=5",
+                  "trainer.checkpoint_every=0")
+
+    def timed(*args):  # (what fit raised or None, the seconds it took as seen from outside)
+        began = time.perf_counter()
+        try:
+            tiny_fit(*args)
+        except SystemExit as stop:
+            return stop, time.perf_counter() - began
+        return None, time.perf_counter() - began
+
+    _, wall_whole = timed(cfg(), tmp_path / "whole")
+    stopped, wall_first = timed(cfg(), tmp_path / "first", signal_at_step(4))
+    assert stopped is not None
+    at_stop = load_checkpoint(tmp_path / "first")["elapsed_s"]
+    _, wall_rest = timed(cfg(f"trainer.resume={tmp_path / 'first'}"), tmp_path / "rest")
+    whole, first, rest = (read_jsonl(tmp_path / d / "results.jsonl") for d in ("whole", "first", "rest"))
+    for rows, wall in ((whole, wall_whole), (rest, wall_first + wall_rest)):
+        assert [(r["kind"], r["step"]) for r in rows] == [(r["kind"], r["step"]) for r in whole]
+        clock = [r["elapsed_s"] for r in rows]
+        assert clock == sorted(clock) and clock[0] > 0 and clock[-1] < wall
+        assert clock[-1] >= rows[-1]["train_time_s"]  # this process's loop, at least
+    assert first[0]["elapsed_s"] == rest[0]["elapsed_s"] <= at_stop <= first[-1]["elapsed_s"] < wall_first
+    resumed = [r for r in rest if r["step"] > 4]  # written by the resumed process: its clock starts at at_stop
+    assert resumed[0]["elapsed_s"] > at_stop and resumed[-1]["elapsed_s"] >= at_stop + rest[-1]["train_time_s"]
 
 
 def test_rerun_in_a_run_dir_with_a_checkpoint_is_refused_and_resume_in_place_works(compose_cfg, tmp_path):
@@ -200,6 +232,9 @@ def test_threads_default_to_one_on_cpu_and_the_step_time_printed_is_the_mean(com
 
 @pytest.mark.parametrize("override,message", [("trainer.precision=fp8", "trainer.precision='fp8'"),
                                               ("trainer.max_steps=0", "trainer.max_steps"),
+                                              ("trainer.max_time_s=0", "trainer.max_time_s must be a positive number "
+                                                                       "of seconds or null; got 0$"),
+                                              ("trainer.max_time_s=soon", "trainer.max_time_s.*got 'soon'$"),
                                               ("trainer.optimizer._target_=torch.optim.Nope", "trainer.optimizer"),
                                               ("task.max_len=4", "max_len=4")])
 def test_bad_settings_fail_in_one_line(compose_cfg, tmp_path, override, message):

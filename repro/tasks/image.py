@@ -12,7 +12,9 @@ of held-out images, through the attention's recurrent form (RNN state for linear
 key/value cache for softmax) or, for attentions without one (LSH), by re-running the prefix;
 the grid goes to <run dir>/samples/ and to the logger. task.mode=sample draws a grid from a
 trained checkpoint instead of training. A multirun ends in aggregate(): bits/dim curves per
-attention (CSV, PNG) and a table beside the paper's numbers.
+attention (CSV, PNG) and a table beside the paper's numbers; so does a single run that ended, at
+trainer.max_steps or at the time limit trainer.max_time_s (a planned end, with its evaluation),
+but not one stopped by a signal (not ended: resumed later, it writes the summary then).
 """
 import io
 import math

@@ -1,6 +1,8 @@
 """Checkpoints: one file holding everything an exact resume needs (model, optimizer,
-scheduler, step, data stream position, every RNG state, the metric history so far), written
-atomically (the whole file, then a rename), and read back with one-line errors."""
+scheduler, step, data stream position, every RNG state, how many result rows preceded it, the
+logging window, the last evaluation, and elapsed_s: the seconds of training so far, where a
+resume's clock starts), written atomically (the whole file, then a rename), and read back with
+one-line errors."""
 import io
 import random
 from pathlib import Path

@@ -26,6 +26,13 @@ SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the cur
 checkpoint and the final row are written, one line names the checkpoint and the command that
 resumes it, and the process exits 130 (SIGINT) or 143 (SIGTERM) (repro.training.stopping).
 
+Every row carries elapsed_s: the wall-clock seconds of training so far (steps, evaluations, rows
+and checkpoints: everything from the start of the loop), continued across a resume (the
+checkpoint holds it). trainer.max_time_s ends the run as trainer.max_steps does, once elapsed_s
+passes it at the end of a step: a train row, an evaluation, the checkpoint, a final row with
+status "stopped: time limit", one line saying how to train on, and fit() returns (exit status 0:
+a planned end). Resuming with a larger trainer.max_time_s trains on.
+
 DDP (repro.training.distributed): under torchrun, or SLURM with several tasks, fit() joins the
 process group, wraps the model in DistributedDataParallel and gives each rank its slice of the
 global batch (train_data yields global batches; a stream with its own `world_size` attribute,
@@ -59,10 +66,11 @@ from . import distributed as ddp
 from .checkpoint import LAST, check_fingerprint, check_run_dir, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
 from .optim import build_optimizer, build_scheduler
 from .rows import RowLog, resumed_history
-from .stopping import exit_stopped, stop_on_signals
+from .stopping import exit_stopped, stop_on_signals, time_limit_line
 from .threads import set_threads
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TIME_LIMIT = "stopped: time limit"  # the final row's status when trainer.max_time_s ended the run
 WARMUP_STEPS = 3  # first steps of a process, left out of time_per_step (allocations, lazy init)
 
 
@@ -89,6 +97,10 @@ def _validate(t):
     for key in ("eval_every", "checkpoint_every", "eval_batches"):
         if t[key] is not None and (not isinstance(t[key], int) or t[key] < 0):
             raise ConfigError(f"trainer.{key} must be a non-negative integer or null; got {t[key]!r}")
+    limit = t.get("max_time_s")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or not math.isfinite(limit) or limit <= 0):
+        raise ConfigError(f"trainer.max_time_s must be a positive number of seconds or null; got {limit!r}")
     if t.precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision={t.precision!r}; valid: {', '.join(PRECISIONS)}")
     if t.grad_clip is not None and t.grad_clip <= 0:
@@ -211,6 +223,8 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
 
     step, history, logger_id, window, last_eval = 0, [], None, {}, {}
+    elapsed_before = 0.0  # seconds of training in the processes before this one (from the checkpoint)
+    max_time = t.get("max_time_s")
     if t.resume:
         ckpt = load_checkpoint(t.resume)
         check_fingerprint(ckpt, fingerprint)
@@ -220,6 +234,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         step, history, logger_id = ckpt["step"], resumed_history(ckpt), ckpt.get("logger_run_id")
         window = ckpt.get("window") or {}  # the steps since the last train row, which it will average
         last_eval = ckpt.get("last_eval") or {}  # what the final row reports until the next evaluation
+        elapsed_before = float(ckpt.get("elapsed_s", 0.0))  # (checkpoints older than elapsed_s: from 0)
         if step > t.max_steps:
             raise ConfigError(f"trainer.max_steps={t.max_steps} is below the step of the checkpoint it resumes "
                               f"({ckpt['path']} is at step {step}): set trainer.max_steps={step} or more")
@@ -247,9 +262,12 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     rows = RowLog(run_dir / "results.jsonl", history, write=main)
     last_train_loss = rows_last(history, "train", "loss")
 
+    def elapsed():  # this run's training seconds so far, earlier processes included
+        return elapsed_before + time.perf_counter() - began
+
     def emit(kind, metrics):
         nonlocal last_train_loss
-        row = {**identity, "kind": kind, "step": step, **metrics, **meta}
+        row = {**identity, "kind": kind, "step": step, "elapsed_s": elapsed(), **metrics, **meta}
         rows.append(row)
         if kind == "train":
             last_train_loss = row.get("loss")
@@ -266,6 +284,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                 "data": train_data.state_dict(), "rng": rng_state(),
                 "rows_written": len(rows),  # the rows so far live in results.jsonl, not here
                 "window": window, "last_eval": last_eval,
+                "elapsed_s": elapsed(),  # a resume's clock starts here, so elapsed_s runs on across processes
                 **({"rng_ranks": rngs, "world_size": world} if distributed else {}),
                 "fingerprint": fingerprint, "logger_run_id": getattr(getattr(logger, "run", None), "id", None),
                 "config": OmegaConf.to_container(cfg, resolve=True)})
@@ -294,11 +313,12 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
 
     step_times, cpu_times, status = [], [], "ok"
     load_start = os.getloadavg()[0]
-    began = time.perf_counter()
+    began = time.perf_counter()  # elapsed_s counts from here (on top of elapsed_before)
+    out_of_time = max_time is not None and elapsed_before >= max_time  # a resumed run that had used it all
     bar = tqdm(total=t.max_steps, initial=step, desc=identity.get("task", "train"), unit="step",
                dynamic_ncols=True, disable=not t.progress or not main)
     with stop_on_signals() as stop:
-        while step < t.max_steps:
+        while step < t.max_steps and not out_of_time:
             t0, c0 = time.perf_counter(), time.process_time()
             batch = to_device(next(train_data), device)
             try:
@@ -316,13 +336,15 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
             if scheduler is not None and not plateau:
                 scheduler.step()
             loss_value = loss.item()  # syncs the device, so the step time below is real
+            out_of_time = max_time is not None and elapsed() > max_time  # the clock read once a step, no sync
             if distributed:  # every rank logs, and stops, on the same numbers
                 names = list(metrics)
-                loss_value, *values, stopped = ddp.mean_across_ranks(
-                    [loss_value, *(float(metrics[k]) for k in names), float(bool(stop))])
+                loss_value, *values, stopped, late = ddp.mean_across_ranks(
+                    [loss_value, *(float(metrics[k]) for k in names), float(bool(stop)), float(out_of_time)])
                 metrics = dict(zip(names, values))
                 if stopped and not stop:
                     stop.append(None)  # another rank was signalled: finish together
+                out_of_time = late > 0  # one rank's clock past the limit: all end at this step
             step += 1
             step_times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
@@ -332,20 +354,23 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
             for k, v in {"loss": loss_value, "grad_norm": float(grad_norm), **metrics}.items():
                 window.setdefault(k, []).append(float(v))
             bar.update(1)
-            if step % t.log_every == 0 or step == t.max_steps:
+            end = step == t.max_steps or out_of_time  # planned ends: a train row and an evaluation at this step
+            if step % t.log_every == 0 or end:
                 logged = {k: _mean(v) for k, v in window.items()}
                 emit("train", {**logged, "lr": optimizer.param_groups[0]["lr"]})
                 bar.set_postfix(loss=f"{logged['loss']:.4f}")
                 window.clear()  # (in place: checkpoint() saves this dict)
-            if t.eval_every and (step % t.eval_every == 0 or step == t.max_steps):
+            if t.eval_every and (step % t.eval_every == 0 or end):
                 last_eval = run_eval()
             if t.checkpoint and t.checkpoint_every and step % t.checkpoint_every == 0:
                 checkpoint()
             if stop:
                 status = f"stopped by signal at step {step}"
                 break
+    if out_of_time and status == "ok" and step < t.max_steps:  # (reaching both at once: max_steps, ok)
+        status = TIME_LIMIT
     bar.close()
-    if t.eval_every and not last_eval and status == "ok" and step > 0:
+    if t.eval_every and not last_eval and status in ("ok", TIME_LIMIT) and step > 0:
         # a run that ended between evaluations (a stopped run is not ended: it evaluates at its
         # next eval step after the resume, as an uninterrupted run does, and logs no extra row)
         last_eval = run_eval()
@@ -369,6 +394,9 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     rows.close()
     logger.finish()
     ddp.barrier()  # rank 0's rows are on disk before any rank goes on to read them
+    if status == TIME_LIMIT and main:
+        print(time_limit_line(max_time, step, final["elapsed_s"], run_dir, run_dir / LAST if t.checkpoint else None,
+                              world), flush=True)
     # checkpoint and rows are written: one line, then exit 130/143 (a multirun stops too). Every
     # rank asks (a collective), in case a signal reached one rank after the last step.
     signals = [s for s in ddp.all_gather_object(stop[0] if stop else None) if s is not None]

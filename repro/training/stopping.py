@@ -1,10 +1,12 @@
-"""Stopping a training run from outside: SIGINT (Ctrl-C) and SIGTERM (kill, a SLURM pre-emption).
+"""Stopping a training run: from outside, SIGINT (Ctrl-C) and SIGTERM (kill, a SLURM pre-emption);
+from inside, the time limit trainer.max_time_s.
 
-fit() finishes the current step, writes the checkpoint and the final row, then prints one line
-saying where the checkpoint is and the command that resumes it, and exits with the shell's
-status for that signal (130 for SIGINT, 143 for SIGTERM), without a traceback. A process
-started with SIGINT ignored (a background job of a script) is stopped by it all the same,
-since someone sent it on purpose, and exits 130 too.
+On a signal, fit() finishes the current step, writes the checkpoint and the final row, then
+prints one line saying where the checkpoint is and the command that resumes it, and exits with
+the shell's status for that signal (130 for SIGINT, 143 for SIGTERM), without a traceback. A
+process started with SIGINT ignored (a background job of a script) is stopped by it all the
+same, since someone sent it on purpose, and exits 130 too. At the time limit (a planned end,
+exit status 0) the line says how to train on: the same command, resuming, with a larger limit.
 """
 import shlex
 import signal
@@ -33,18 +35,30 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
-def resume_command(run_dir, world: int = 1) -> str:
+def resume_command(run_dir, world: int = 1, **changed) -> str:
     """The command line that continues this run: its own overrides (Hydra's record of them, this
-    job's alone in a sweep) with trainer.resume=<run dir>, in a new run dir. Outside run.py
-    (a notebook, a test) only the override is known."""
+    job's alone in a sweep) with trainer.resume=<run dir>, in a new run dir; `changed` replaces
+    or adds overrides (trainer__max_time_s=120 -> trainer.max_time_s=120). Outside run.py (a
+    notebook, a test) only the new overrides are known."""
     from hydra.core.hydra_config import HydraConfig
 
-    resume = f"trainer.resume={run_dir}"
+    new = [f"{k.replace('__', '.')}={v}" for k, v in changed.items()] + [f"trainer.resume={run_dir}"]
     if not HydraConfig.initialized():
-        return f"add {shlex.quote(resume)} to the command that started it"
-    kept = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") != "trainer.resume"]
+        return f"add {' '.join(map(shlex.quote, new))} to the command that started it"
+    dropped = {o.split("=", 1)[0] for o in new}
+    kept = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") not in dropped]
     start = "python run.py" if world == 1 else f"torchrun --nproc_per_node={world} run.py"
-    return " ".join([start, *map(shlex.quote, kept), shlex.quote(resume)])
+    return " ".join([start, *map(shlex.quote, kept), *map(shlex.quote, new)])
+
+
+def time_limit_line(limit: float, step: int, elapsed: float, run_dir, checkpoint, world: int = 1) -> str:
+    """The line printed when trainer.max_time_s ended a run: where it stopped and, with a
+    checkpoint, the command that trains on (resuming, with twice the limit)."""
+    where = f"stopped at the time limit trainer.max_time_s={limit:g} at step {step}, {elapsed:.1f} s of training"
+    if checkpoint is None:
+        return f"{where}: no checkpoint (trainer.checkpoint=false); rows in {run_dir}/results.jsonl"
+    more = resume_command(run_dir, world, trainer__max_time_s=f"{2 * limit:g}")
+    return f"{where}: checkpoint {checkpoint}; to train on, resume with a larger limit: {more}"
 
 
 def exit_stopped(signum: int, step: int, run_dir, checkpoint, world: int = 1, main: bool = True):
