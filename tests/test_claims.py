@@ -1,0 +1,120 @@
+"""repro.claims: the verdict rules, and the section rendered from results folders written here in
+the formats the tasks publish (copy_final/copy_curves, bpd_curves + image_rows, asr_table +
+asr_rows, throughput.csv), with the expected numbers worked out by hand."""
+import json
+
+import pandas as pd
+import pytest
+
+from repro import claims
+from repro.claims import NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED
+
+
+# ----------------------------------------------------------------------------- the rules
+
+def test_same_loss():
+    assert claims.same_loss(0.005, 0.0001, tol=0.01)
+    assert claims.same_loss(0.0001, 0.005, tol=0.01)  # better than the reference counts
+    assert not claims.same_loss(0.05, 0.0001, tol=0.01)
+
+
+@pytest.mark.parametrize("values, verdict, measured", [
+    ({"a": 1.0, "b": 1.1, "c": 1.2}, REPRODUCED, "a < b < c"),
+    ({"a": 1.0, "b": 1.2, "c": 1.1}, f"{NOT_REPRODUCED}: the order differs", "a < c < b"),
+    ({"a": 1.0, "b": 1.005, "c": 1.2}, f"{NOT_REPRODUCED}: gaps within 0.01 bits/dim (ties)", "a ≈ b < c"),
+    # an inversion within the tolerance is a tie, not a different order
+    ({"a": 1.004, "b": 1.0, "c": 1.2}, f"{NOT_REPRODUCED}: gaps within 0.01 bits/dim (ties)", "b ≈ a < c"),
+])
+def test_ordering_verdict(values, verdict, measured):
+    assert claims.ordering_verdict(values, ["a", "b", "c"], tol=0.01) == (verdict, measured)
+
+
+def test_speedup_and_growth_verdicts():
+    assert claims.speedup_verdict(3.3, 3.3) == REPRODUCED
+    assert claims.speedup_verdict(2.3, 3.3, factor=1.5) == REPRODUCED  # 3.3 / 1.5 = 2.2
+    assert claims.speedup_verdict(1.5, 3.3, factor=1.5).startswith(f"{NOT_REPRODUCED}: faster, but 1.50x")
+    assert claims.speedup_verdict(0.9, 3.3) == f"{NOT_REPRODUCED}: not faster"
+    assert claims.growth_verdict({1: 1.0, 64: 2.0}) == REPRODUCED
+    assert claims.growth_verdict({1: 1.0, 10: 3.0, 64: 1.1}, margin=1.25) == f"{NOT_REPRODUCED}: grows only 1.10x"
+    assert claims.growth_verdict({1: 2.0, 64: 1.5}) == f"{NOT_REPRODUCED}: the lead does not grow"
+
+
+# ----------------------------------------------------------------------------- the section
+
+def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002):
+    copy = results / "copy/figure2_long_cpu"
+    copy.mkdir(parents=True)
+    final = {"softmax": 0.0001, "linear": linear_copy_loss, "lsh-4": lsh_copy_loss}
+    pd.DataFrame([{"max_len": 32, "attention": a, "n_seeds": 3, "steps": 4000.0, "eval_loss": v,
+                   "eval_loss_std": v / 10, "eval_accuracy": 0.99} for a, v in final.items()]
+                 ).to_csv(copy / "copy_final.csv", index=False)
+    pd.DataFrame([{"max_len": 32, "attention": "softmax", "kind": "eval", "metric": "loss", "step": s, "mean": v}
+                  for s, v in [(1000, 0.01), (2000, 0.001), (4000, 0.0001)]]).to_csv(copy / "copy_curves.csv", index=False)
+
+    img = results / "images/mnist_claims_cpu"
+    img.mkdir(parents=True)
+    # bits/dim falls by 0.1 per 100 steps from a per-attention start; ms/step per attention
+    start = {"softmax": 2.0, "linear": 2.02, "lsh-4": 2.05, "lsh-1": 2.1}
+    ms = {"softmax": 100.0, "linear": 50.0, "lsh-4": 200.0, "lsh-1": 100.0}
+    pd.DataFrame([{"dataset": "mnist", "attention": a, "kind": "eval", "step": s, "mean": b - s / 1000,
+                   "min": 0, "max": 0, "n_seeds": 1} for a, b in start.items() for s in (100, 200, 300, 400)]
+                 ).to_csv(img / "bpd_curves.csv", index=False)
+    (img / "image_rows.jsonl").write_text("".join(
+        json.dumps({"kind": "final", "attention": a, "cpu_time_per_step_ms": v, "steps": 400}) + "\n"
+        for a, v in ms.items()))
+
+    asr = results / "asr/speed_800_cpu"
+    asr.mkdir(parents=True)
+    pd.DataFrame([{"model": m, "steps": 8.0, "s_per_epoch": s * 1.5, "cpu_s_per_epoch": s, "ms_per_step": s * 250,
+                   "mean_frames": 801.0} for m, s in [("softmax", 10.0), ("softmax-math", 12.0), ("linear", 4.0)]]
+                 ).to_csv(asr / "asr_table.csv", index=False)
+    (asr / "asr_rows.jsonl").write_text(json.dumps(
+        {"kind": "train", "batch_size": 8, "model_n_layers": 9, "model_n_heads": 6, "model_d_model": 192}) + "\n")
+
+    gen = results / "throughput/batch64_cpu"
+    gen.mkdir(parents=True)
+    secs = {("linear", 1): 4.0, ("stateful-softmax", 1): 5.0, ("linear", 64): 0.1, ("stateful-softmax", 64): 0.5}
+    pd.DataFrame([{"method": m, "batch": b, "status": "ok", "seconds_per_image": v * 2, "cpu_seconds_per_image": v,
+                   "extrapolated": b == 64} for (m, b), v in secs.items()]).to_csv(gen / "throughput.csv", index=False)
+
+
+def test_section_from_results(tmp_path):
+    _write(tmp_path)
+    rows = claims.claims(tmp_path)
+    copy_linear, copy_lsh, mnist_steps, mnist_time, asr, gen, *untestable = rows
+    assert copy_linear.verdict == REPRODUCED and "linear 0.002" in copy_linear.here
+    assert copy_lsh.verdict == REPRODUCED and "lsh-4 0.6" in copy_lsh.here
+    # equal steps: 1.6, 1.62, 1.65, 1.7 at step 400 -> the paper's order
+    assert mnist_steps.verdict == REPRODUCED and "softmax 1.600, linear 1.620, lsh-4 1.650, lsh-1 1.700" in mnist_steps.here
+    # equal time: the fastest run (linear, 400 x 50 ms = 20 s) is the budget; softmax and lsh-1
+    # take 200 steps in it (1.8, 1.9), lsh-4 100 (1.95), linear 400 (1.62): linear < softmax
+    assert "20 s of CPU time" in mnist_time.here
+    assert "softmax 1.800 (200 steps), linear 1.620 (400 steps), lsh-4 1.950 (100 steps), lsh-1 1.900 (200 steps)" \
+        in mnist_time.here
+    assert mnist_time.verdict == f"{NOT_REPRODUCED}: the order differs" and "linear < softmax < lsh-1 < lsh-4" in mnist_time.here
+    # speech: CPU time per epoch, against softmax-math (the paper's baseline): 12 / 4 = 3.0x >= 3.3 / 1.5
+    assert asr.verdict == REPRODUCED and "linear 2.50x faster than softmax" in asr.here
+    assert "linear 3.00x faster than softmax-math" in asr.here and "9 layers x 6 heads x 32" in asr.here
+    # generation: 5 / 4 = 1.25x at batch 1, 0.5 / 0.1 = 5x at batch 64 (extrapolated: starred)
+    assert gen.verdict == REPRODUCED and "1.25x" in gen.here and "0.1* / 0.5* = 5.00x" in gen.here
+    assert all(c.verdict.startswith(NOT_TESTABLE) for c in untestable)
+
+    text = claims.section(tmp_path)
+    lines = text.strip().splitlines()
+    assert lines[0] == "| Claim | Paper | Here (CPU-sized runs) | Verdict |"
+    assert len(lines) == 2 + len(rows) and all(line.count(" | ") == 3 for line in lines[2:])
+    assert f"| **{REPRODUCED}** |" in lines[2]
+
+
+def test_section_verdicts_turn(tmp_path):
+    _write(tmp_path, lsh_copy_loss=0.005, linear_copy_loss=0.3)
+    copy_linear, copy_lsh, *_ = claims.claims(tmp_path)
+    assert copy_linear.verdict.startswith(f"{NOT_REPRODUCED}: 0.3 nats above softmax")
+    assert copy_lsh.verdict == NOT_REPRODUCED  # 0.005 is not above linear's 0.3
+
+
+def test_section_without_runs(tmp_path):
+    rows = claims.claims(tmp_path)
+    assert [r.verdict for r in rows[:6]] == [f"{NOT_TESTABLE}: not run"] * 6
+    assert "no run in `copy/figure2_long_cpu`" in rows[0].here
+    assert claims.section(tmp_path).count(NOT_TESTABLE) == len(rows)
