@@ -83,6 +83,7 @@ def test_section_from_results(tmp_path):
     rows = claims.claims(tmp_path)
     copy_linear, copy_lsh, mnist_steps, mnist_time, asr, gen, *untestable = rows
     assert copy_linear.verdict == REPRODUCED and "linear 0.002" in copy_linear.here
+    assert "softmax had 0.001 at update 2000" in copy_linear.here  # the last eval at or before 3/4 of 4000
     assert copy_lsh.verdict == REPRODUCED and "lsh-4 0.6" in copy_lsh.here
     # equal steps: 1.6, 1.62, 1.65, 1.7 at step 400 -> the paper's order
     assert mnist_steps.verdict == REPRODUCED and "softmax 1.600, linear 1.620, lsh-4 1.650, lsh-1 1.700" in mnist_steps.here
