@@ -150,3 +150,32 @@ def test_mnist_wobble_makes_ties(tmp_path):
     assert claims.wobble(curve.iloc[:3]) == 0.0  # too few evaluations to tell noise from trend
     mnist_steps = claims.claims(tmp_path)[2]
     assert mnist_steps.verdict == f"{NOT_REPRODUCED}: inconclusive, gaps within 0.038 bits/dim (ties)"
+
+
+# ----------------------------------------------------------------------------- the presets
+
+def test_claims_presets(compose_cfg):
+    """The runs' presets build what their results READMEs say: the copy sweep over exactly
+    softmax, linear and LSH-4 (at N = 32's buckets and chunks) x 3 seeds, the paper's speech
+    encoder at ~800 frames, and generation with the two recurrent methods only."""
+    from hydra import compose, initialize_config_dir
+    from repro.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        sweep = compose(config_name="config", overrides=["experiment=copy_claims_cpu"], return_hydra_config=True)
+    # its own sweep only (inheriting copy_figure2_cpu's `attention` sweep multiplied the jobs by 2)
+    assert dict(sweep.hydra.sweeper.params) == {"+copy_attention": "softmax,linear,lsh-4", "seed": "0,1,2"}
+    lsh = compose_cfg("experiment=copy_claims_cpu", "+copy_attention=lsh-4")
+    assert (lsh.attention.n_hashes, lsh.attention.n_buckets, lsh.attention.chunk_size) == (4, 16, 8)
+    assert (lsh.task.max_len, lsh.trainer.max_steps, list(lsh.trainer.scheduler.milestones)) == (32, 4000, [2800])
+    assert compose_cfg("experiment=copy_claims_cpu", "+copy_attention=linear").attention._target_.endswith("LinearAttention")
+
+    asr = compose_cfg("experiment=asr_speed_claims_cpu", "attention=softmax-math")
+    enc = asr.model.transformer
+    assert (asr.model.encoder, enc.n_layers, enc.n_heads, enc.d_model, enc.subsample) == ("transformer", 9, 6, 192, 1)
+    assert asr.attention.sdpa_backend == "math"
+
+    gen = compose_cfg("experiment=throughput_claims_cpu", "~task.methods", "+task.methods={linear: {attention: linear, "
+                      "mode: recurrent}, stateful-softmax: {attention: softmax, mode: recurrent}}")
+    assert set(gen.task.methods) == {"linear", "stateful-softmax"} and list(gen.task.batches) == [1, 10, 64]
+    assert list(gen.task.sizes) == ["mnist"] and gen.task.threads == 1
