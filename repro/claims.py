@@ -5,9 +5,7 @@ small pure function, so the verdicts are tested apart from the files.
 
     python -m repro.claims            # print the section (README "Does it reproduce the paper's claims?")
 
-The paper's numbers are written here with their table (Katharopoulos et al. 2020; see
-shared/paper/NOTES.md) rather than imported, so that this section does not move when the report's
-own tables do.
+The paper's numbers come from repro.paper, the one place that holds them.
 """
 from __future__ import annotations
 
@@ -18,15 +16,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import paper
+
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE = "reproduced", "not reproduced", "not testable here"
 
+# The paper's numbers this section quotes, taken from repro.paper (each names its table).
 # Table 1 (MNIST bits/dim), best first
-PAPER_MNIST_BPD = {"softmax": 0.621, "linear": 0.644, "lsh-4": 0.676, "lsh-1": 0.745}
-PAPER_ASR_S_PER_EPOCH = {"softmax": 2711, "linear": 824}  # Table 3 (WSJ, one GPU)
-# images/s on MNIST (GPU): linear from Table 1, stateful softmax from Table 4; seconds per image
-# at batch 1 on the GPU: Table 5
-PAPER_MNIST_IMAGES_PER_S = {"stateful-softmax": 7.56, "linear": 142.8}
-PAPER_MNIST_GPU_S_BATCH1 = {"stateful-softmax": 10.4, "linear": 7.3}
+PAPER_MNIST_BPD = dict(sorted(((a, bpd) for a, (bpd, _) in paper.BITS_PER_DIM["mnist"].items()),
+                              key=lambda item: item[1]))
+PAPER_ASR_S_PER_EPOCH = {a: paper.ASR[a][1] for a in ("softmax", "linear")}  # Table 3 (WSJ, one GPU)
+# images/s on MNIST (GPU): Table 4 (linear's equals Table 1's); seconds per image at batch 1 on
+# the GPU: Table 5
+PAPER_MNIST_IMAGES_PER_S = {a: paper.IMAGES_PER_S["mnist"][a] for a in ("stateful-softmax", "linear")}
+PAPER_MNIST_GPU_S_BATCH1 = {a: paper.SECONDS_PER_IMAGE["mnist"][a][1] for a in ("stateful-softmax", "linear")}
 
 COPY_LOSS_TOL = 0.01   # nats per copied symbol: closer than this counts as "the same loss" (both ~100 % accurate)
 BPD_TOL = 0.01         # bits/dim: gaps below this count as ties, not an order (or below the curves' own wobble)
