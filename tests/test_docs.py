@@ -63,16 +63,23 @@ def prose(text: str) -> str:
     return "\n".join(line for line in FENCE.sub("", text).split("\n") if not line.startswith("    "))
 
 
-def command_lines(text: str) -> list[str]:
-    lines = [line for block in code_blocks(text) for line in block.split("\n")]
-    return lines + INLINE.findall(prose(text))
+def command_lines(text: str) -> list[tuple[str, str | None]]:
+    """(line, the error it is documented to give, or None): a `$ command` line followed by an
+    `error: ...` line shows a bad command and its one-line message."""
+    out = []
+    for block in code_blocks(text):
+        lines = block.split("\n")
+        for line, after in zip(lines, lines[1:] + [""]):
+            shown = line.startswith("$ ") and after.startswith("error: ")
+            out.append((line, after.removeprefix("error: ").strip() if shown else None))
+    return out + [(span, None) for span in INLINE.findall(prose(text))]
 
 
 # ----------------------------------------------------------------------------- 1. commands
 
 def run_py_args(line: str) -> list[str] | None:
     """The arguments after run.py when `line` runs it with python or torchrun, else None."""
-    line = line.strip().removeprefix("$ ")
+    line = PLACEHOLDER.sub(lambda m: m[0].replace(" ", "_"), line.strip().removeprefix("$ "))  # one token each
     try:
         tokens = shlex.split(line, comments=True)
     except ValueError:  # an unbalanced quote: not a command
@@ -87,7 +94,7 @@ def run_py_args(line: str) -> list[str] | None:
 
 def module_names(text: str) -> list[str]:
     found = []
-    for line in command_lines(text):
+    for line, _ in command_lines(text):
         found += re.findall(r"python3? -m (repro(?:\.\w+)*)", line)
     return found
 
@@ -137,7 +144,9 @@ def check_command(args: list[str]) -> str | None:
 
     plain, keys_only, flags = [], [], iter(args)
     for arg in flags:
-        arg = arg.removeprefix("[").removesuffix("]")
+        if arg.startswith("[") or arg.endswith("...]"):  # [optional]: checked as if given
+            arg = arg.removeprefix("[")
+            arg = arg.removesuffix("]") if arg.count("]") > arg.count("[") else arg
         if arg in ("-m", "--multirun", "..."):
             continue
         if arg in ("--help", "-h", "--hydra-help", "--version", "--resolve"):
@@ -156,7 +165,7 @@ def check_command(args: list[str]) -> str | None:
             continue
         if key.startswith("hydra."):
             continue  # Hydra's own settings
-        if PLACEHOLDER.search(value):
+        if PLACEHOLDER.search(value) or value == "...":
             if (CONF_DIR / key.lstrip("+~")).is_dir():
                 continue  # group=<group>: the group exists
             keys_only.append(key)
@@ -179,13 +188,16 @@ def check_command(args: list[str]) -> str | None:
     return None
 
 
-def commands(page: Path) -> list[tuple[str, list[str]]]:
-    return [(line, args) for line in command_lines(page.read_text()) if (args := run_py_args(line)) is not None]
+def commands(page: Path) -> list[tuple[str, list[str], str | None]]:
+    """(line, arguments after run.py, the error it is documented to give or None)."""
+    return [(line, args, error) for line, error in command_lines(page.read_text())
+            if (args := run_py_args(line)) is not None]
 
 
 # ----------------------------------------------------------------------------- 2. paths
 
 PATH_START = ("repro/", "conf/", "results/", "scripts/", "tests/", "docs/", ".ci/")
+MADE_BY_RUNS = ("results/gpu",)  # python -m repro.reproduce_gpu writes it; nothing committed there yet
 
 
 def expand_braces(path: str) -> list[str]:
@@ -207,7 +219,7 @@ def missing_paths(page: Path, repo: Path = REPO) -> list[str]:
     for span in named:
         for path in expand_braces(span):
             stem = path.split("<")[0].rsplit("/", 1)[0] if "<" in path else path
-            if not (repo / stem).exists():
+            if not (repo / stem).exists() and not stem.rstrip("/").startswith(MADE_BY_RUNS):
                 out.append(f"`{span}`")
                 break
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
@@ -228,7 +240,7 @@ def missing_paths(page: Path, repo: Path = REPO) -> list[str]:
 
 # ----------------------------------------------------------------------------- 3. results tables
 
-MEASURED = re.compile(r"\d\s*(ms|MB|GB|×|bits/dim|images/s)(?!\w)")
+MEASURED = re.compile(r"(?<![\w\-])\d[\d,.]*\s*(ms|MB|GB|×|bits/dim|images/s)(?!\w)")
 NUMBER = re.compile(r"(?<![\w.\-])\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 SKIP_COLUMNS = ("aim", "hardware", "run", "command")
 SCALES = (1, 1e3, 1e-3, 100, 1 / 2**20, 1e-6, 1 / 2**30, 1e-9)
@@ -332,17 +344,23 @@ def stale_blocks(page: Path, results: Path = REPO / "results") -> bool:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_commands_compose(page):
-    bad = [f"{line.strip()}\n    -> {why}" for line, args in commands(page) if (why := check_command(args))]
+    bad = []
+    for line, args, error in commands(page):
+        why = check_command(args)
+        if error is None and why:
+            bad.append(f"{line.strip()}\n    -> {why}")
+        elif error is not None and (why is None or error not in why):
+            bad.append(f"{line.strip()}\n    -> documented to fail with: {error}\n    -> but: {why or 'it composes'}")
     assert not bad, f"{page.name}: commands that do not compose:\n" + "\n".join(bad)
 
 
 def test_docs_have_commands():
     """The collector finds the commands (a regex that found none would pass every page)."""
-    found = [args for page in PAGES for _, args in commands(page)]
+    found = [args for page in PAGES for _, args, _ in commands(page)]
     assert len(found) > 40
     assert any(a[:1] == ["-m"] for a in found)  # sweeps
-    assert any("trainer.resume=<run dir>" in a for a in found)  # placeholders
-    torchrun = [line for page in PAGES for line, _ in commands(page) if "torchrun" in line]
+    assert any("trainer.resume=<run_dir>" in a for a in found)  # placeholders
+    torchrun = [line for page in PAGES for line, _, _ in commands(page) if "torchrun" in line]
     assert torchrun
 
 
@@ -390,7 +408,7 @@ def test_collector_reads_every_form(tmp_path):
                     "        attention=linear   # two processes\n"
                     "    $ python run.py attention=foo\n\n"
                     "```\npython3 run.py task=copy\n```\n")
-    assert sorted(args for _, args in commands(page)) == sorted([
+    assert sorted(args for _, args, _ in commands(page)) == sorted([
         ["-m", "attention=softmax,linear", "seed=0"], ["experiment=smoke_copy", "attention=linear"],
         ["attention=foo"], ["task=copy"]])
 
