@@ -670,7 +670,7 @@ def build(results: Path, out: Path) -> str:
 
 # A page of the docs embeds a section between `<!-- report:NAME -->` and `<!-- /report:NAME -->`
 # (NAME a key of `sections`); `--docs` rewrites what lies between, tests/test_docs.py checks it is current.
-DOC_BLOCK = re.compile(r"(<!-- report:(\w+) -->\n).*?(\n<!-- /report:\2 -->)", re.S)
+DOC_BLOCK = re.compile(r"(<!-- report:(\w+) -->\n)(?:.*?\n)?(<!-- /report:\2 -->)", re.S)
 
 
 def render_blocks(page: Path, results: Path) -> str:
@@ -682,7 +682,7 @@ def render_blocks(page: Path, results: Path) -> str:
     unknown = sorted({m[2] for m in DOC_BLOCK.finditer(text)} - found.keys())
     if unknown:
         raise SystemExit(f"error: {page}: unknown report section {', '.join(unknown)}; valid: {', '.join(found)}")
-    return DOC_BLOCK.sub(lambda m: m[1] + (found[m[2]] or "(nothing under results/ yet)") + m[3], text)
+    return DOC_BLOCK.sub(lambda m: m[1] + (found[m[2]] or "(nothing under results/ yet)") + "\n" + m[3], text)
 
 
 def doc_pages() -> list[Path]:
