@@ -112,10 +112,14 @@ def _launchers() -> list[str]:
 
 
 def _variants(overrides):
-    """Single-run override lists covering every value of every sweep: each sweep's values in
-    turn, the other sweeps at their first value."""
+    """Single-run override lists covering every option of every group sweep (each in turn, the
+    other sweeps at their first value): each composes a different config. A value sweep
+    (seed=0,1,2) runs at its first value; preflight has type-checked every value."""
+    from repro.cli import _is_group
+
     values = [[f"{o.get_key_element()}={v}" for v in report_values(o)] if o.is_sweep_override() else [o.input_line]
               for o in overrides]
+    values = [vs if _is_group(o.key_or_group) else vs[:1] for o, vs in zip(overrides, values)]
     firsts = [v[0] for v in values]
     out = [firsts]
     for i, vs in enumerate(values):
@@ -182,19 +186,34 @@ def _check_command(args: tuple[str, ...]) -> str | None:
         plain.append(arg)
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
+        if any(o.is_sweep_override() for o in parsed):
+            preflight(["-m"] + plain, pin_sweep_dir=False)  # every value of every sweep: keys, types, options
     except HydraException as e:
         return f"does not parse: {e}"
+    except ConfigError as e:
+        return f"{' '.join(plain)}: {e}"
     for variant in _variants(parsed):
-        try:
-            preflight(variant, pin_sweep_dir=False)  # repro.cli's one-line messages first
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose(config_name="config", overrides=variant, return_hydra_config=True)
-            for key in keys_only:
-                if not _has_key(cfg, key.lstrip("+")):
-                    return f"{key} is not a setting of this config"
-        except (HydraException, ConfigError) as e:
-            return f"{' '.join(variant)}: {str(e).splitlines()[0]}"
+        why = _check_single(tuple(variant), tuple(keys_only))
+        if why:
+            return why
     return None
+
+
+@functools.lru_cache(maxsize=None)  # one run's overrides, shared by several commands and sweeps
+def _check_single(variant: tuple[str, ...], keys_only: tuple[str, ...]) -> str | None:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from repro.cli import _has_key, preflight
+
+    try:
+        preflight(list(variant), pin_sweep_dir=False)  # repro.cli's one-line messages first
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(variant), return_hydra_config=True)
+    except (HydraException, ConfigError) as e:
+        return f"{' '.join(variant)}: {str(e).splitlines()[0]}"
+    missing = [key for key in keys_only if not _has_key(cfg, key.lstrip("+"))]
+    return f"{missing[0]} is not a setting of this config" if missing else None
 
 
 def commands(page: Path) -> list[tuple[str, list[str], str | None]]:
