@@ -26,7 +26,6 @@ import ast
 import functools
 import itertools
 import json
-import math
 import re
 import shlex
 from pathlib import Path
