@@ -116,7 +116,7 @@ def _variants(overrides):
     (seed=0,1,2) runs at its first value; preflight has type-checked every value."""
     from repro.cli import _is_group
 
-    values = [[f"{o.get_key_element()}={v}" for v in report_values(o)] if o.is_sweep_override() else [o.input_line]
+    values = [[f"{o.get_key_element()}={v}" for v in _sweep_values(o)] if o.is_sweep_override() else [o.input_line]
               for o in overrides]
     values = [vs if _is_group(o.key_or_group) else vs[:1] for o, vs in zip(overrides, values)]
     firsts = [v[0] for v in values]
@@ -126,7 +126,7 @@ def _variants(overrides):
     return out
 
 
-def report_values(o):
+def _sweep_values(o):
     from repro.cli import _values
 
     return [v if isinstance(v, str) else _override_text(v) for v in _values(o)]
