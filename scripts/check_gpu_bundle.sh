@@ -22,7 +22,7 @@ rm -rf "$VENV" "$SITE"
 "$PY312" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q $IMAGE
-# the one install command of README "Running on a GPU"
+# the one install command of docs/gpu.md (Offline GPU machines)
 "$VENV/bin/python" -m pip install -q --no-index --no-deps --find-links "$BUNDLE" --target "$SITE" -r "$BUNDLE/requirements.txt"
 test -f "$BUNDLE"/pytorch-fast-transformers-0.4.0.tar.gz
 du -sm "$BUNDLE" | awk '$1 > 60 {print "check_gpu_bundle: bundle over 60 MB"; exit 1}'
