@@ -7,7 +7,7 @@ backend declines CPU tensors with its reason.
 With a GPU: forward and gradients against the float64 reference, on odd shapes, with every
 output pre-filled with NaN so an element no thread writes fails the test.
 
-The GPU verification command (see README, "Running on a GPU"); it needs only torch, CuPy,
+The GPU verification command (docs/gpu.md); it needs only torch, CuPy,
 numpy and pytest:
     REPRO_KERNEL=cupy python -m pytest -q tests/test_cupy_kernels.py
 Every test here sets the backend it needs itself (REPRO_KERNEL is cleared for each test and

@@ -7,7 +7,7 @@
 Why 1 on CPU: the models a CPU trains or samples here are small (d_model 64-256, batch 1-64),
 whose matrix products gain little from a second thread, and CPUs are usually shared: with other
 jobs on the cores (a sweep's parallel jobs included), torch's OpenMP threads wait for each
-other and a run with one thread per core is several times slower than with 1 (README,
+other and a run with one thread per core is several times slower than with 1 (docs/training.md,
 "Threads"). A GPU run keeps torch's default (its CPU threads only feed the GPU).
 """
 import os
