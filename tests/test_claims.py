@@ -164,11 +164,11 @@ def test_claims_presets(compose_cfg):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         sweep = compose(config_name="config", overrides=["experiment=copy_claims_cpu"], return_hydra_config=True)
     # its own sweep only (inheriting copy_figure2_cpu's `attention` sweep multiplied the jobs by 2)
-    assert dict(sweep.hydra.sweeper.params) == {"+copy_attention": "softmax,linear,lsh-4", "seed": "0,1,2"}
-    lsh = compose_cfg("experiment=copy_claims_cpu", "+copy_attention=lsh-4")
+    assert dict(sweep.hydra.sweeper.params) == {"copy_attention": "softmax,linear,lsh-4", "seed": "0,1,2"}
+    lsh = compose_cfg("experiment=copy_claims_cpu", "copy_attention=lsh-4")
     assert (lsh.attention.n_hashes, lsh.attention.n_buckets, lsh.attention.chunk_size) == (4, 16, 8)
     assert (lsh.task.max_len, lsh.trainer.max_steps, list(lsh.trainer.scheduler.milestones)) == (32, 4000, [2800])
-    assert compose_cfg("experiment=copy_claims_cpu", "+copy_attention=linear").attention._target_.endswith("LinearAttention")
+    assert compose_cfg("experiment=copy_claims_cpu", "copy_attention=linear").attention._target_.endswith("LinearAttention")
 
     asr = compose_cfg("experiment=asr_speed_claims_cpu", "attention=softmax-math")
     enc = asr.model.transformer

@@ -1,6 +1,7 @@
 """python -m repro.reproduce_gpu: the seven GPU steps, run here at tiny sizes on the CPU
 (--smoke), so the script cannot rot; its resume logic and wall-clock cap on small jobs."""
 import json
+import re
 import subprocess
 import sys
 
@@ -44,7 +45,8 @@ def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
     text = report.build(out, tmp_path / "REPORT.md")
     assert "### figure1" in text and "### copy" in text and "### speech" in text
     table1 = text[text.index("### Table 1"):text.index("### Table 2")]
-    assert "| linear | 0.644 | 3." in table1  # our bits/dim beside the paper's
+    # our bits/dim beside the paper's (the value moves with how far 3 s of training gets)
+    assert re.search(r"\| linear \| 0\.644 \| \d+\.\d+ \|", table1), table1
 
 
 def test_steps_are_parsed_and_a_bad_one_is_one_line(capsys):
