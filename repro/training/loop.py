@@ -97,7 +97,7 @@ def _validate(t):
     for key in ("eval_every", "checkpoint_every", "eval_batches"):
         if t[key] is not None and (not isinstance(t[key], int) or t[key] < 0):
             raise ConfigError(f"trainer.{key} must be a non-negative integer or null; got {t[key]!r}")
-    limit = t.get("max_time_s")
+    limit = t.max_time_s
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
                               or not math.isfinite(limit) or limit <= 0):
         raise ConfigError(f"trainer.max_time_s must be a positive number of seconds or null; got {limit!r}")
@@ -105,10 +105,10 @@ def _validate(t):
         raise ConfigError(f"trainer.precision={t.precision!r}; valid: {', '.join(PRECISIONS)}")
     if t.grad_clip is not None and t.grad_clip <= 0:
         raise ConfigError(f"trainer.grad_clip must be positive or null; got {t.grad_clip!r}")
-    if t.get("compile", False) not in (True, False):
-        raise ConfigError(f"trainer.compile must be true or false; got {t.get('compile')!r}")
-    backend = t.get("compile_backend", "inductor")
-    if t.get("compile") and backend not in (valid := compile_backends()):
+    if t.compile not in (True, False):
+        raise ConfigError(f"trainer.compile must be true or false; got {t.compile!r}")
+    backend = t.compile_backend
+    if t.compile and backend not in (valid := compile_backends()):
         raise ConfigError(f"trainer.compile_backend={backend!r}; valid: {', '.join(valid)}")
 
 
@@ -191,7 +191,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
     _validate(t)
     run_dir, device = Path(run_dir), parse_device(cfg.device)
     check_run_dir(run_dir, t.resume)
-    set_threads(t.get("threads", "auto"), device)
+    set_threads(t.threads, device)
     distributed = ddp.init()
     rank, world = ddp.rank(), ddp.world_size()
     main = rank == 0
@@ -215,8 +215,8 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         from torch.nn.parallel import DistributedDataParallel
 
         train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if t.get("compile", False):
-        train_model = compile_model(train_model, t.get("compile_backend", "inductor"))
+    if t.compile:
+        train_model = compile_model(train_model, t.compile_backend)
     optimizer = build_optimizer(t.optimizer, model)
     scheduler = build_scheduler(t.scheduler, optimizer)
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -224,7 +224,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
 
     step, history, logger_id, window, last_eval = 0, [], None, {}, {}
     elapsed_before = 0.0  # seconds of training in the processes before this one (from the checkpoint)
-    max_time = t.get("max_time_s")
+    max_time = t.max_time_s
     if t.resume:
         ckpt = load_checkpoint(t.resume)
         check_fingerprint(ckpt, fingerprint)
@@ -304,7 +304,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
                     extra[k] = v
             out.update(ddp.broadcast_object(extra if main else None))
         if plateau:
-            metric = t.get("plateau_metric") or "loss"
+            metric = t.plateau_metric or "loss"
             if metric not in out:
                 raise ConfigError(f"trainer.plateau_metric={metric!r} is not an eval metric; valid: {', '.join(out)}")
             scheduler.step(out[metric])
@@ -390,7 +390,7 @@ def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=No
         "n_params": sum(p.numel() for p in model.parameters()),
         "loadavg_1min_start": load_start, "loadavg_1min_end": os.getloadavg()[0],
         "threads": torch.get_num_threads(), "world_size": world,
-        **({"compile_backend": t.get("compile_backend", "inductor")} if t.get("compile", False) else {})})
+        **({"compile_backend": t.compile_backend} if t.compile else {})})
     rows.close()
     logger.finish()
     ddp.barrier()  # rank 0's rows are on disk before any rank goes on to read them
