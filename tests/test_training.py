@@ -289,3 +289,23 @@ def test_one_step_equals_a_hand_written_clipped_radam_step(compose_cfg, tmp_path
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
     row = read_jsonl(tmp_path / "results.jsonl")[0]
     assert row["grad_norm"] == pytest.approx(norm.item(), rel=1e-4)  # logged before clipping
+
+
+def test_a_non_finite_loss_ends_the_run_before_anything_is_logged_or_checkpointed_from_it(compose_cfg, tmp_path):
+    """A step reads nothing back from the device, so a NaN loss is found at the next sync point
+    (here the checkpoint step 6, after the NaN at step 5): the run ends there with the NaN's own
+    step in its status, before the train row, the evaluation or the checkpoint that would hold it."""
+    cfg = compose_cfg(*BASE, "trainer.max_steps=10", "trainer.log_every=10", "trainer.eval_every=6",
+                      "trainer.checkpoint_every=6")
+    calls = []
+
+    def nan_at_step_5(model, batch):
+        loss, metrics = copy_loss(model, batch)
+        calls.append(model.training)
+        return (loss * float("nan") if model.training and sum(calls) == 5 else loss), metrics
+
+    final = tiny_fit(cfg, tmp_path, nan_at_step_5)
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    assert final["status"] == "error: non-finite loss nan at step 5" and final["steps"] == 6
+    assert [r["kind"] for r in rows] == ["final"]  # no train or eval row (the first were due at step 6 and 10)
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()

@@ -14,7 +14,11 @@ The task builds the model, a loss function and the data; fit() does the rest:
 
 Every trainer.log_every steps a "train" row (window means of loss and metrics), every
 trainer.eval_every steps an "eval" row, at the end a "final" row go to <run dir>/results.jsonl
-(each with the task's identity and repro.results.provenance) and to the logger.
+(each with the task's identity and repro.results.provenance) and to the logger. A step reads
+nothing back from the device: its loss and metrics stay there until the next log, eval or
+checkpoint step (and the end), where the window is read in one transfer; the step times
+(time_per_step_ms, the median, and its mean) are measured between those points and shared among
+their steps (repro.training.trainer says where the device is synchronised, and why).
 
 Resume: trainer.resume=<run dir or checkpoint file> restores model, optimizer, scheduler,
 step, data stream, every RNG state and the wandb run id; the run then goes on exactly as if never
