@@ -263,6 +263,8 @@ def test_shuffled_batches_cover_epochs_and_resume(n, batch, drop_last, world):
     t = ShuffledBatches(data, batch, seed=5, drop_last=drop_last, rank=0, world_size=world)
     t.load_state_dict(state)
     assert [next(t).tolist() for _ in range(per_epoch + 2)] == expected
+    with pytest.raises(ValueError, match="from before the stream counted batches"):
+        t.load_state_dict({"epoch": 0, "index": batch})  # an older checkpoint's (items, or batches): ambiguous
 
 
 @pytest.mark.parametrize("clip", [0.05, None])

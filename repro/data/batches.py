@@ -50,7 +50,10 @@ class ShuffledBatches:
         return self.collate_fn([self.dataset[i] for i in idx])
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
+        return {"epoch": self.epoch, "batch": self.index}
 
     def load_state_dict(self, state: dict):
-        self.epoch, self.index, self._batches = state["epoch"], state["index"], None
+        if "batch" not in state:  # {"epoch", "index"}: items drawn (ShuffledBatches) or batches (BucketedBatches)
+            raise ValueError(f"stream state {state} is from before the stream counted batches; "
+                             "its position is ambiguous: train this run again from the start")
+        self.epoch, self.index, self._batches = state["epoch"], state["batch"], None
