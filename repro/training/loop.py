@@ -50,9 +50,9 @@ trainer.compile=true trains a torch.compile'd model (trainer.compile_backend: in
 aot_eager / eager for a quick check); evaluation, eval_hook and checkpoints use the plain
 module, so checkpoints stay interchangeable.
 """
-from ..config import parse_device  # noqa: F401  (the names the tasks import from here)
-from .parts import (PRECISIONS, TIME_LIMIT, WARMUP_STEPS, compile_backends, compile_model, compile_step,  # noqa: F401
-                    default_fingerprint, evaluate, rows_last, seed_everything, step_time_text, to_device)
+# the names the tasks and tests import from here (the parts live in repro.training.parts)
+from ..config import parse_device  # noqa: F401
+from .parts import compile_backends, compile_step, seed_everything, step_time_text, to_device  # noqa: F401
 from .trainer import Trainer
 
 

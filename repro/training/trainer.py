@@ -45,7 +45,8 @@ from ..results import provenance
 from . import distributed as ddp
 from .checkpoint import LAST, check_fingerprint, check_run_dir, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
 from .optim import build_optimizer, build_scheduler
-from .parts import (PRECISIONS, TIME_LIMIT, WARMUP_STEPS, compile_model, default_fingerprint, evaluate, mean, rows_last,
+from .parts import evaluate as held_out_means
+from .parts import (PRECISIONS, TIME_LIMIT, WARMUP_STEPS, compile_model, default_fingerprint, mean, rows_last,
                     run_hook, to_device, validate)
 from .rows import RowLog, resumed_history
 from .stopping import exit_stopped, stop_on_signals, time_limit_line
@@ -288,7 +289,7 @@ class Trainer:
         the others get its numbers); a ReduceLROnPlateau schedule steps on it."""
         if self.eval_data is None or not self.t.eval_batches:
             return {}
-        out = evaluate(self.model, self.loss_fn, self.eval_data(), self.device, self.autocast)
+        out = held_out_means(self.model, self.loss_fn, self.eval_data(), self.device, self.autocast)
         if self.eval_hook is not None:
             extra = {}
             if self.main:
