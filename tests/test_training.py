@@ -311,3 +311,32 @@ def test_a_non_finite_loss_ends_the_run_before_anything_is_logged_or_checkpointe
     assert final["status"] == "error: non-finite loss nan at step 5" and final["steps"] == 6
     assert [r["kind"] for r in rows] == ["final"]  # no train or eval row (the first were due at step 6 and 10)
     assert not (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.numpy}
+
+
+def test_a_step_reads_nothing_back_from_the_device_until_a_sync_point(compose_cfg, tmp_path):
+    """A metric that notes each step at which it is read back to the host (on a GPU, a read
+    stalls the launch queue): read at the sync points alone, after the warm-up steps (3) and at
+    the log steps (5, 10), not every step; and the train rows are the window's means all the same."""
+    cfg = compose_cfg(*BASE, "trainer.max_steps=10", "trainer.log_every=5", "trainer.eval_every=0",
+                      "trainer.checkpoint=false")
+    steps, read_at = [], set()
+
+    class Watched(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in READS:
+                read_at.add(len(steps))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def watched_loss(model, batch):
+        loss, metrics = copy_loss(model, batch)
+        steps.append(None)
+        return loss, {**metrics, "watched": metrics["accuracy"].as_subclass(Watched)}
+
+    tiny_fit(cfg, tmp_path, watched_loss)
+    assert read_at == {3, 5, 10}
+    rows = [r for r in read_jsonl(tmp_path / "results.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [5, 10] and all(r["watched"] == r["accuracy"] for r in rows)
