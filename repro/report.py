@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import paper
-from .results import REPO, atomic_write
+from .results import REPO, atomic_write, read_jsonl
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -385,19 +385,12 @@ def table_5(root, rel) -> str:
 
 def _run_rows(folder):
     """The run rows (.jsonl) beside a table, as dicts."""
-    rows = []
-    for path in sorted(folder.glob("*.jsonl")):
-        with open(path) as f:
-            rows += [json.loads(line) for line in f if line.strip()]
-    return rows
+    return [r for path in sorted(folder.glob("*.jsonl")) for r in read_jsonl(path)]
 
 
 def _asr_device(df, folder) -> str:
     """The device named by the table, else by the run rows beside it."""
-    if "device" in df:
-        return hardware(df)
-    devices = {r.get("device") for r in _run_rows(folder)} - {None}
-    return "; ".join(sorted(devices))[:200] if devices else "not recorded"
+    return hardware(df if "device" in df else pd.DataFrame(_run_rows(folder)))
 
 
 def is_timing_run(df, folder) -> bool:

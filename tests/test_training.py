@@ -263,6 +263,8 @@ def test_shuffled_batches_cover_epochs_and_resume(n, batch, drop_last, world):
     t = ShuffledBatches(data, batch, seed=5, drop_last=drop_last, rank=0, world_size=world)
     t.load_state_dict(state)
     assert [next(t).tolist() for _ in range(per_epoch + 2)] == expected
+    with pytest.raises(ValueError, match="from before the stream counted batches"):
+        t.load_state_dict({"epoch": 0, "index": batch})  # an older checkpoint's (items, or batches): ambiguous
 
 
 @pytest.mark.parametrize("clip", [0.05, None])
@@ -289,3 +291,52 @@ def test_one_step_equals_a_hand_written_clipped_radam_step(compose_cfg, tmp_path
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
     row = read_jsonl(tmp_path / "results.jsonl")[0]
     assert row["grad_norm"] == pytest.approx(norm.item(), rel=1e-4)  # logged before clipping
+
+
+def test_a_non_finite_loss_ends_the_run_before_anything_is_logged_or_checkpointed_from_it(compose_cfg, tmp_path):
+    """A step reads nothing back from the device, so a NaN loss is found at the next sync point
+    (here the checkpoint step 6, after the NaN at step 5): the run ends there with the NaN's own
+    step in its status, before the train row, the evaluation or the checkpoint that would hold it."""
+    cfg = compose_cfg(*BASE, "trainer.max_steps=10", "trainer.log_every=10", "trainer.eval_every=6",
+                      "trainer.checkpoint_every=6")
+    calls = []
+
+    def nan_at_step_5(model, batch):
+        loss, metrics = copy_loss(model, batch)
+        calls.append(model.training)
+        return (loss * float("nan") if model.training and sum(calls) == 5 else loss), metrics
+
+    final = tiny_fit(cfg, tmp_path, nan_at_step_5)
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    assert final["status"] == "error: non-finite loss nan at step 5" and final["steps"] == 6
+    assert [r["kind"] for r in rows] == ["final"]  # no train or eval row (the first were due at step 6 and 10)
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.numpy}
+
+
+def test_a_step_reads_nothing_back_from_the_device_until_a_sync_point(compose_cfg, tmp_path):
+    """A metric that notes each step at which it is read back to the host (on a GPU, a read
+    stalls the launch queue): read at the sync points alone, after the warm-up steps (3) and at
+    the log steps (5, 10), not every step; and the train rows are the window's means all the same."""
+    cfg = compose_cfg(*BASE, "trainer.max_steps=10", "trainer.log_every=5", "trainer.eval_every=0",
+                      "trainer.checkpoint=false")
+    steps, read_at = [], set()
+
+    class Watched(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in READS:
+                read_at.add(len(steps))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def watched_loss(model, batch):
+        loss, metrics = copy_loss(model, batch)
+        steps.append(None)
+        return loss, {**metrics, "watched": metrics["accuracy"].as_subclass(Watched)}
+
+    tiny_fit(cfg, tmp_path, watched_loss)
+    assert read_at == {3, 5, 10}
+    rows = [r for r in read_jsonl(tmp_path / "results.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [5, 10] and all(r["watched"] == r["accuracy"] for r in rows)

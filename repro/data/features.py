@@ -1,6 +1,6 @@
 """Speech features and batches: 40-dimensional log-mel filterbanks (torchaudio; the paper's
 features), normalisation, SpecAugment (torchaudio's masking transforms), and length-bucketed
-padded batches with the padding mask the encoders take (True where a frame is padding)."""
+padded batches with each utterance's frame count (the encoders mask padding from it, repro.models.ctc)."""
 import numpy as np
 import soundfile as sf
 import torch
@@ -8,6 +8,7 @@ import torchaudio
 from torch import nn
 
 from ..config import ConfigError
+from .batches import ShuffledBatches
 from .speech.phonemes import encode
 
 KINDS = ("kaldi", "mel")
@@ -105,32 +106,32 @@ def spec_augment(freq_mask: int = 0, time_mask: int = 0, n_masks: int = 2):
 
 
 def collate(items):
-    """Padded batch: features (B, T, F), padding_mask (B, T) True at padding, frame and label
-    lengths, labels concatenated (CTC's flat form) and padded (B, L)."""
-    lengths = torch.tensor([len(it["features"]) for it in items])
-    label_lengths = torch.tensor([len(it["labels"]) for it in items])
-    feats = nn.utils.rnn.pad_sequence([it["features"] for it in items], batch_first=True)   # (B, T, F)
-    mask = torch.arange(feats.shape[1])[None, :] >= lengths[:, None]                         # (B, T)
-    return {"features": feats, "padding_mask": mask, "lengths": lengths,
-            "labels": nn.utils.rnn.pad_sequence([it["labels"] for it in items], batch_first=True),
-            "label_lengths": label_lengths, "index": torch.tensor([it["index"] for it in items])}
+    """Padded batch: features (B, T, F), frame and label lengths (the models mask padding from
+    the frame lengths), labels concatenated (CTC's flat form) and padded (B, L)."""
+    return {"features": nn.utils.rnn.pad_sequence([it["features"] for it in items], batch_first=True),  # (B, T, F)
+            "lengths": torch.tensor([len(it["features"]) for it in items]),
+            "labels": nn.utils.rnn.pad_sequence([it["labels"] for it in items], batch_first=True),     # (B, L)
+            "label_lengths": torch.tensor([len(it["labels"]) for it in items]),
+            "index": torch.tensor([it["index"] for it in items])}
 
 
-class BucketedBatches:
+class BucketedBatches(ShuffledBatches):
     """Length-bucketed training batches: utterances sorted by length are cut into batches of
     batch_size (little padding), and each epoch visits the batches in an order drawn from
     (seed, epoch); within a bucket of similar lengths the members are shuffled first, so batches
-    differ between epochs. The stream position (epoch, index) is the whole state (resumable)."""
+    differ between epochs. The resumable stream is ShuffledBatches'; only `batches` differs.
+    Items drawn through it are augmented (SpecAugment, when the dataset has one)."""
 
     def __init__(self, dataset, batch_size: int, seed: int = 0, bucket_factor: int = 4):
         if batch_size < 1 or len(dataset) < batch_size:
             raise ConfigError(f"task.batch_size={batch_size}: need 1 <= batch_size <= {len(dataset)} training utterances")
-        self.dataset, self.batch_size, self.seed, self.bucket_factor = dataset, batch_size, seed, bucket_factor
+        super().__init__(dataset, batch_size, seed=seed, drop_last=True, collate_fn=collate)
+        self.bucket_factor = bucket_factor
         self.lengths = torch.tensor(dataset.lengths())
-        self.epoch, self.index, self._batches = 0, 0, None
+        dataset.augment = True  # the training set (eval_batches turns it off for its own draw, then back)
 
     def batches(self, epoch: int) -> list[list[int]]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        g = self.generator(epoch)
         order = torch.argsort(self.lengths + torch.rand(len(self.lengths), generator=g) * 1e-3, stable=True)
         chunk = self.batch_size * self.bucket_factor  # shuffle inside buckets of similar length
         order = torch.cat([c[torch.randperm(len(c), generator=g)] for c in order.split(chunk)])
@@ -141,25 +142,6 @@ class BucketedBatches:
 
     def __len__(self):
         return len(self.lengths) // self.batch_size  # full batches per epoch (a short last one is dropped)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._batches is None:
-            self._batches = self.batches(self.epoch)
-        if self.index >= len(self._batches):
-            self.epoch, self.index, self._batches = self.epoch + 1, 0, self.batches(self.epoch + 1)
-        batch = self._batches[self.index]
-        self.index += 1
-        self.dataset.augment = True
-        return collate([self.dataset[i] for i in batch])
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
-
-    def load_state_dict(self, state: dict):
-        self.epoch, self.index, self._batches = state["epoch"], state["index"], None
 
 
 def eval_batches(dataset, batch_size: int) -> list[dict]:

@@ -1,0 +1,146 @@
+"""The parts the training loop (repro.training.trainer.Trainer, behind repro.training.loop.fit)
+is built from: the trainer config's checks, precision, seeding, moving batches to the device,
+torch.compile, held-out evaluation, and the small helpers its rows use."""
+import math
+import random
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from ..config import ConfigError
+from . import distributed as ddp
+
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TIME_LIMIT = "stopped: time limit"  # the final row's status when trainer.max_time_s ended the run
+WARMUP_STEPS = 3  # first steps of a process, left out of time_per_step (allocations, lazy init)
+
+
+def seed_everything(seed: int):
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds CUDA too
+
+
+def to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def validate(t):
+    """Every trainer key fit() reads, checked: one line naming a bad value and what is valid."""
+    for key in ("max_steps", "log_every"):
+        if not isinstance(t[key], int) or t[key] < 1:
+            raise ConfigError(f"trainer.{key} must be a positive integer; got {t[key]!r}")
+    for key in ("eval_every", "checkpoint_every", "eval_batches"):
+        if t[key] is not None and (not isinstance(t[key], int) or t[key] < 0):
+            raise ConfigError(f"trainer.{key} must be a non-negative integer or null; got {t[key]!r}")
+    limit = t.max_time_s
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or not math.isfinite(limit) or limit <= 0):
+        raise ConfigError(f"trainer.max_time_s must be a positive number of seconds or null; got {limit!r}")
+    if t.precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={t.precision!r}; valid: {', '.join(PRECISIONS)}")
+    if t.grad_clip is not None and t.grad_clip <= 0:
+        raise ConfigError(f"trainer.grad_clip must be positive or null; got {t.grad_clip!r}")
+    if t.compile not in (True, False):
+        raise ConfigError(f"trainer.compile must be true or false; got {t.compile!r}")
+    backend = t.compile_backend
+    if t.compile and backend not in (valid := compile_backends()):
+        raise ConfigError(f"trainer.compile_backend={backend!r}; valid: {', '.join(valid)}")
+
+
+def compile_backends() -> list[str]:
+    """The torch.compile backends this install has, sorted (for config checks)."""
+    import torch._dynamo
+    return sorted(torch._dynamo.list_backends(exclude_tags=()))
+
+
+def compile_model(module, backend: str = "inductor", **kwargs):
+    """torch.compile(module) with the backend named in the config (dynamic shapes left to torch)."""
+    return torch.compile(module, backend=backend, **kwargs)
+
+
+def compile_step(model, backend: str = "inductor"):
+    """Compile a model's recurrent `step` in place (repro.models.generate then samples through
+    the compiled step). dynamic=True keeps the position symbolic, so the step is one graph for
+    every position (softmax's key/value cache compiles again each time it doubles: give it room
+    for the whole sequence with its initial_cache). The tokens are made contiguous
+    first: generation passes a column of its (B, length) buffer, whose stride would otherwise be
+    a guard, and a generation of another length a recompilation. Returns the model."""
+    compiled = torch.compile(type(model).step.__get__(model), backend=backend, dynamic=True)
+    model.step = lambda tokens, state=None: compiled(tokens.contiguous(), state)
+    return model
+
+
+def mean(values):
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+@contextmanager
+def held_out(model, device):
+    """Eval mode and no grad, under a forked RNG, so evaluating (or not) leaves the training
+    stream unchanged; the model's mode is restored after."""
+    was_training = model.training
+    model.eval()
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        model.train(was_training)
+
+
+def evaluate(model, loss_fn, batches, device, autocast) -> dict:
+    """Mean loss and metrics over the held-out batches (under held_out). Under DDP each rank
+    scores its slice of each batch (the whole batch when it does not split evenly) and the means
+    are averaged."""
+    sums, count = {}, 0
+    with held_out(model, device):
+        for batch in batches:
+            if ddp.is_distributed():
+                try:
+                    batch = ddp.shard(batch, ddp.rank(), ddp.world_size())
+                except ConfigError:
+                    pass  # uneven: every rank scores the whole batch, the mean is the same
+            with autocast():
+                loss, metrics = loss_fn(model, to_device(batch, device))
+            for k, v in {"loss": loss, **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            count += 1
+    out = {k: v / count for k, v in sums.items()} if count else {}
+    return dict(zip(out, ddp.mean_across_ranks(list(out.values()))))
+
+
+def run_hook(hook, model, step, device) -> dict:
+    with held_out(model, device):
+        return hook(model, step) or {}
+
+
+def step_time_text(final: dict) -> str:
+    """The final row's step times for the line a task prints: the mean (steps x mean is the
+    training's wall time, other processes' load included) and the median (a typical step)."""
+    if not final.get("time_per_step_mean_ms"):
+        return "no steps trained in this process"
+    return f"step time mean {final['time_per_step_mean_ms']:.1f} ms (median {final['time_per_step_ms']:.1f} ms)"
+
+
+def rows_last(rows, kind, key):
+    return next((r[key] for r in reversed(rows) if r["kind"] == kind and key in r), None)
+
+
+def default_fingerprint(cfg) -> dict:
+    """Flattened model and attention settings and the task's name."""
+    out = {"task": cfg.task.get("name")}
+    for group in ("model", "attention"):
+        node = cfg.get(group)
+        if node is not None:
+            for k, v in OmegaConf.to_container(node, resolve=True).items():
+                out[f"{group}.{k}"] = v
+    return out
