@@ -7,10 +7,14 @@ Python loop over time, and memory is O(N (C + D M / C)): with C ~ sqrt(D M) that
 O(N max(D, M)).
 
 The backward pass is the paper's cumulative-sum form (Section 3.3.1), chunked the same way:
-  grad q_i = sum_{j<=i} (g_i . v_j) k_j   a forward scan: the forward pass with v and k swapped
-  grad k_i = sum_{j>=i} (g_j . v_i) q_j   a reverse scan over the state R_i = sum_{j>=i} q_j g_j^T
-  grad v_i = sum_{j>=i} (q_j . k_i) g_j   the same reverse state R
-Only q, k and v are saved; no per-step state S_i is ever stored.
+  grad q_i = sum_{j<=i} (g_i . v_j) k_j   intra: A @ k with A = tril(g v^T); inter: g_i^T S^T
+  grad k_i = sum_{j>=i} (g_j . v_i) q_j   intra: A^T @ q (the same A); inter: v_i^T R^T
+  grad v_i = sum_{j>=i} (q_j . k_i) g_j   intra: tril(q k^T)^T @ g; inter: k_i^T R
+with one reverse state R_i = sum_{j>=i} q_j g_j^T shared by grad k and grad v: ten (C, C)- or
+(D, M)-sized batched matmuls against the forward's four, each gradient written by one bmm and
+one in-place baddbmm_ (no separate add pass). Only q, k and v are saved; no per-step state
+S_i is ever stored. The upstream gradient is made contiguous once (after out.sum().backward()
+it is an expanded stride-0 tensor, which batched matmuls cannot hand to BLAS).
 """
 import math
 
@@ -26,66 +30,75 @@ def default_chunk_size(d: int, m: int) -> int:
 
 
 def _split(x, c):
-    """(..., N, X) -> (..., N / C, C, X), zero-padding N up to a multiple of C.
-    Zero keys and values add nothing to the sums, and padded queries are cut off later."""
+    """(..., N, X) -> (L, C, X) with L = (batch dims) * N / C chunks, zero-padding N up to a
+    multiple of C. Zero keys and values add nothing to the sums, and padded queries are cut off
+    later. Contiguous, so every batched matmul below takes BLAS's fast path."""
     n = x.shape[-2]
     pad = (-n) % c
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
-    return x.unflatten(-2, (x.shape[-2] // c, c))
+    return x.reshape(-1, c, x.shape[-1]).contiguous()
 
 
-def _merge(x, n):
-    """(..., N / C, C, X) -> (..., N, X)."""
-    return x.flatten(-3, -2)[..., :n, :]
+def _merge(x, like, n):
+    """(L, C, X) -> (..., N, X) with the batch dims of `like`, dropping the padding."""
+    x = x.view(*like.shape[:-2], -1, x.shape[-1])
+    return x[..., :n, :] if x.shape[-2] != n else x
 
 
-def _chunk_states(x, reverse=False):
-    """Exclusive prefix sums over the chunk axis: (..., nc, D, M) -> state before (after, when
-    reverse) each chunk. On CPU a loop over chunks: torch's cumsum along a non-last axis runs
-    at a fraction of memory bandwidth there (~7x slower than this loop at nc = 1024, and it
-    made the whole op grow faster than N); on GPUs cumsum is a parallel scan and wins."""
+def _chunk_states(x, n_chunks, reverse=False):
+    """Exclusive prefix sums over each sequence's chunks: (L, D, M) with L = batch * nc -> the
+    state before (after, when reverse) each chunk. On CPU a loop over chunks, one add per chunk
+    written straight into its slot: torch's cumsum along a non-last axis runs at a fraction of
+    memory bandwidth there (15-25x slower than this loop at nc = 64, measured), and a matmul
+    with a triangular ones matrix costs nc^2 D M; on GPUs cumsum is a parallel scan and wins."""
+    x = x.view(-1, n_chunks, *x.shape[-2:])  # (batch, nc, D, M)
     if x.device.type != "cpu":
         if reverse:
-            return F.pad(x[..., 1:, :, :], (0, 0, 0, 0, 0, 1)).flip(-3).cumsum(-3).flip(-3)
-        return F.pad(x[..., :-1, :, :], (0, 0, 0, 0, 1, 0)).cumsum(-3)
+            out = F.pad(x[:, 1:], (0, 0, 0, 0, 0, 1)).flip(1).cumsum(1).flip(1)
+        else:
+            out = F.pad(x[:, :-1], (0, 0, 0, 0, 1, 0)).cumsum(1)
+        return out.flatten(0, 1)
     out = torch.empty_like(x)
-    acc = torch.zeros_like(x[..., 0, :, :])
-    for i in (reversed(range(x.shape[-3])) if reverse else range(x.shape[-3])):
-        out[..., i, :, :] = acc
-        acc += x[..., i, :, :]
-    return out
+    order = list(reversed(range(n_chunks))) if reverse else list(range(n_chunks))
+    out[:, order[0]].zero_()
+    for prev, i in zip(order, order[1:]):
+        torch.add(out[:, prev], x[:, prev], out=out[:, i])
+    return out.flatten(0, 1)
 
 
 def _forward(q, k, v, c):
     n = q.shape[-2]
-    qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (..., nc, C, D|M)
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    scores = (qc @ kc.transpose(-1, -2)).masked_fill_(~causal, 0.0)  # (..., nc, C, C)
-    out = scores @ vc  # (..., nc, C, M)
-    kv = kc.transpose(-1, -2) @ vc  # (..., nc, D, M): each chunk's sum of k_j v_j^T
-    s = _chunk_states(kv)  # state before each chunk
-    out += qc @ s
-    return _merge(out, n)
+    nc = -(-n // c)
+    qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (L, C, D|M)
+    scores = torch.bmm(qc, kc.mT).tril_()  # (L, C, C): q_i . k_j for j <= i inside the chunk
+    s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M): sum of k_j v_j^T over earlier chunks
+    out = torch.bmm(scores, vc).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
+    return _merge(out, v, n)
 
 
 def _backward(q, k, v, g, c, need):
+    """All three gradients from shared pieces (A = tril(g v^T) serves grad q and, transposed,
+    grad k; one reverse state R = sum q_j g_j^T serves grad k (as R^T) and grad v); each
+    gradient is one bmm plus one in-place baddbmm_, with no separate add pass."""
     n = q.shape[-2]
-    grad_q = _forward(g, v, k, c) if need[0] else None
-    if not (need[1] or need[2]):
-        return grad_q, None, None
-    qc, kc, vc, gc = _split(q, c), _split(k, c), _split(v, c), _split(g, c)
-    anti_causal = torch.ones(c, c, dtype=torch.bool, device=q.device).triu()
-    qg = qc.transpose(-1, -2) @ gc  # (..., nc, D, M)
-    # R before each chunk, looking backwards in time: sum of q_j g_j^T over all later chunks
-    r = _chunk_states(qg, reverse=True)
-    grad_k = grad_v = None
-    if need[1]:
-        p = (vc @ gc.transpose(-1, -2)).masked_fill_(~anti_causal, 0.0)  # [i, j] = v_i . g_j, j >= i
-        grad_k = _merge(p @ qc + vc @ r.transpose(-1, -2), n)
-    if need[2]:
-        p = (kc @ qc.transpose(-1, -2)).masked_fill_(~anti_causal, 0.0)  # [i, j] = k_i . q_j, j >= i
-        grad_v = _merge(p @ gc + kc @ r, n)
+    nc = -(-n // c)
+    # _split makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
+    # on which batched matmuls leave BLAS for a slow generic loop.
+    qc, kc, vc, gc = _split(q, c), _split(k, c), _split(v, c), _split(g, c)  # (L, C, D|M)
+    grad_q = grad_k = grad_v = None
+    if need[0] or need[1]:
+        a = torch.bmm(gc, vc.mT).tril_()  # (L, C, C): a[i, j] = g_i . v_j, j <= i
+    if need[0]:  # grad q_i = sum_{j<=i} (g_i . v_j) k_j = intra a @ k + g_i^T S^T
+        s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M) state before each chunk
+        grad_q = _merge(torch.bmm(a, kc).baddbmm_(gc, s.mT), q, n)
+    if need[1] or need[2]:
+        r = _chunk_states(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
+    if need[1]:  # grad k_i = sum_{j>=i} (g_j . v_i) q_j = intra a^T @ q + v_i^T R^T
+        grad_k = _merge(torch.bmm(a.mT, qc).baddbmm_(vc, r.mT), k, n)
+    if need[2]:  # grad v_i = sum_{j>=i} (q_j . k_i) g_j = intra tril(q k^T)^T @ g + k_i^T R
+        p = torch.bmm(qc, kc.mT).tril_()  # the forward's scores, recomputed (not saved: O(N C))
+        grad_v = _merge(torch.bmm(p.mT, gc).baddbmm_(kc, r), v, n)
     return grad_q, grad_k, grad_v
 
 
