@@ -59,7 +59,16 @@ class LinearAttention(AttentionLayer):
         acc = _acc(q.dtype)
         if causal and (cb := _cupy_if("linear_attention_unsupported_reason", q, k, v)):
             return cb.causal_linear_attention(q, k, v, self.eps)  # numerator and normaliser in one pass
+        if causal and acc == q.dtype:
+            # The normaliser folded into the product, as the recurrent step does: one causal pass
+            # over [v, 1] gives [num | den] (phi(q_i) . sum_{j<=i} phi(k_j) is the ones column),
+            # instead of a second pass of cumsum, product and sum over (B, H, N, F).
+            v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)  # (B, H, N, M + 1)
+            out = causal_dot_product(q, k, v1)  # (B, H, N, M + 1)
+            return out[..., :-1] / (out[..., -1:] + self.eps)
         if causal:
+            # Half precision: the kernel rounds its output to the input dtype, and den must stay
+            # in fp32 (sum phi(K) overflows fp16), so it is its own fp32 pass here.
             num = causal_dot_product(q, k, v).to(acc)  # (B, H, N, M)
             den = torch.einsum("bhnf,bhnf->bhn", q.to(acc), k.to(acc).cumsum(2))
         else:
