@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from repro.kernels import causal_dot_product_chunked, causal_dot_product_naive
+from repro.kernels import causal_dot_product_chunked, causal_dot_product_naive, default_chunk_size
 
 ODD = [(2, 3, 37, 5, 9), (1, 2, 70, 12, 7)]  # N not a multiple of any chunk, D != M
 
@@ -55,3 +55,11 @@ def test_non_contiguous_and_2d_inputs(layout):
     g = torch.randn_like(ref)
     for a, r in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+
+
+def test_cpu_chunk_table():
+    """CPU takes the measured table (repro/kernels/chunked.py CPU_CHUNKS); other devices and
+    sizes beyond the table keep the power of two nearest sqrt(D M)."""
+    assert [default_chunk_size(d, d, cpu=True) for d in (8, 16, 32, 64, 128)] == [32, 32, 64, 64, 64]
+    assert default_chunk_size(32, 33, cpu=True) == 64 and default_chunk_size(256, 256, cpu=True) == 256
+    assert default_chunk_size(32, 32) == 32 and default_chunk_size(128, 128) == 128

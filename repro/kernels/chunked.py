@@ -23,10 +23,27 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 
-def default_chunk_size(d: int, m: int) -> int:
-    """The power of two nearest sqrt(D M), within [16, 256]: balances the (C, C) intra-chunk
-    scores against the (N / C) per-chunk (D, M) states."""
-    return int(min(256, max(16, 2 ** round(math.log2(math.sqrt(d * m))))))
+# On CPU the chunk size comes from measurement (fp32, B = 1, H = 8, N = 4096, 1 thread, fwd + bwd,
+# medians of 15 interleaved rounds; `python -m repro.kernels.cpu_speed --chunk-sweep --threads 1
+# --rounds 15 --sweep-dims 16,16 16,17 32,32 32,33 64,64 64,65 128,128`):
+#   D, M = 16: C = 32 (16 and 64 are 1.1-1.4x slower)
+#   D, M = 32 and 64: C = 64 (32 is 1.1-1.6x slower, 128 1.5-2.5x)
+#   D, M = 128: C = 64 and 128 within 5% (32 is 1.9x slower)
+# i.e. (C, C) blocks of 32-64 keep BLAS efficient, and bigger C only adds intra-chunk work.
+# Larger D M is unmeasured and keeps the sqrt rule.
+CPU_CHUNKS = ((24, 32), (128, 64))  # (largest sqrt(D M), C)
+
+
+def default_chunk_size(d: int, m: int, cpu: bool = False) -> int:
+    """The chunk size C for head dims D, M. Off CPU (and beyond the CPU table): the power of two
+    nearest sqrt(D M), within [16, 256], balancing the (C, C) intra-chunk scores against the
+    (N / C) per-chunk (D, M) states. On CPU: CPU_CHUNKS, measured."""
+    root = math.sqrt(d * m)
+    if cpu:
+        for limit, c in CPU_CHUNKS:
+            if root <= limit:
+                return c
+    return int(min(256, max(16, 2 ** round(math.log2(root)))))
 
 
 def _split(x, c):
@@ -130,5 +147,5 @@ class CausalDotProduct(torch.autograd.Function):
 
 
 def causal_dot_product_chunked(q, k, v, chunk_size=None):
-    c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1])
+    c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
     return CausalDotProduct.apply(q, k, v, c)

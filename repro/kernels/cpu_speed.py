@@ -187,7 +187,7 @@ def pass_rows(base, args, gemm):
                      "backward_dense": lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True),
                      "backward_sum": lambda: torch.autograd.grad(total, (q, k, v), retain_graph=True)},
                     args.rounds)
-    c = default_chunk_size(d, d)
+    c = default_chunk_size(d, d, cpu=True)
     f_ms, bd_ms, bs_ms = (1e3 * t[x][0] for x in ("forward", "backward_dense", "backward_sum"))
     common = dict(pass_=None, n=n, batch=b, heads=h, d=d, m=d, chunk=c, method="ours", status="ok")
     gf = matmul_flops(b, h, n, d, d, c) / (f_ms / 1e3) / 1e9
@@ -237,7 +237,7 @@ def chunk_sweep(args):
         t = interleaved(fns, args.rounds)
         best = min(t, key=lambda c: t[c][0])
         print(f"D={d:3d} M={m:3d}  " + "  ".join(f"C={c}: {1e3 * t[c][0]:7.1f} ms" for c in t)
-              + f"  best C={best} (default {default_chunk_size(d, m)})  load {_load()}")
+              + f"  best C={best} (default {default_chunk_size(d, m, cpu=True)})  load {_load()}")
         rows += [{"measure": "chunk_sweep", "d": d, "m": m, "n": args.pass_length, "chunk": c,
                   "ms": 1e3 * t[c][0], "best": c == best, "load_avg_1_5_15": _load()} for c in t]
     return rows
