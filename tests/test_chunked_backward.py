@@ -63,3 +63,28 @@ def test_cpu_chunk_table():
     assert [default_chunk_size(d, d, cpu=True) for d in (8, 16, 32, 64, 128)] == [32, 32, 64, 64, 64]
     assert default_chunk_size(32, 33, cpu=True) == 64 and default_chunk_size(256, 256, cpu=True) == 256
     assert default_chunk_size(32, 32) == 32 and default_chunk_size(128, 128) == 128
+
+
+@pytest.mark.parametrize("need", [(True, True, True), (False, True, False)])
+def test_row_groups_match_naive(monkeypatch, need):
+    """Single-threaded CPU runs take the sequences in groups of about GROUP_CHUNKS chunks; a
+    small GROUP_CHUNKS makes several groups, with a partial last one (7 rows, 3 per group)."""
+    from repro.kernels import chunked
+
+    monkeypatch.setattr(chunked, "GROUP_CHUNKS", 9)  # N = 37 at C = 16: 3 chunks per row, 3 rows per group
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert len(chunked._row_groups(7, 37, 16, torch.device("cpu"))) == 3
+        q, k, v = _inputs(1, 7, 37, 5, 9)
+        for x, r in zip((q, k, v), need):
+            x.requires_grad_(r)
+        wrt = [x for x in (q, k, v) if x.requires_grad]
+        out = causal_dot_product_chunked(q, k, v, 16)
+        ref = causal_dot_product_naive(q, k, v)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        g = torch.randn_like(ref)
+        for a, b in zip(torch.autograd.grad(out, wrt, g), torch.autograd.grad(ref, wrt, g)):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    finally:
+        torch.set_num_threads(threads)
