@@ -63,6 +63,23 @@ def _merge(x, like, n):
     return x[..., :n, :] if x.shape[-2] != n else x
 
 
+def _into(out, c):
+    """A group's slice of the full result (rows, N, X) seen as (L, C, X), so that the last
+    matmul writes there directly; None when N is not a multiple of C (then it is copied)."""
+    if out is None or out.shape[-2] % c:
+        return None
+    return out.view(-1, c, out.shape[-1])
+
+
+def _place(res, like, n, out):
+    """res (L, C, X) -> (..., N, X), in out when one is given."""
+    if out is None:
+        return _merge(res, like, n)
+    if res.data_ptr() != out.data_ptr():
+        out.copy_(_merge(res, like, n))
+    return out
+
+
 def _chunk_states(x, n_chunks, reverse=False):
     """Exclusive prefix sums over each sequence's chunks: (L, D, M) with L = batch * nc -> the
     state before (after, when reverse) each chunk. On CPU a loop over chunks, one add per chunk
@@ -84,17 +101,17 @@ def _chunk_states(x, n_chunks, reverse=False):
     return out.flatten(0, 1)
 
 
-def _forward(q, k, v, c):
+def _forward(q, k, v, c, out=None):
     n = q.shape[-2]
     nc = -(-n // c)
     qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (L, C, D|M)
     scores = torch.bmm(qc, kc.mT).tril_()  # (L, C, C): q_i . k_j for j <= i inside the chunk
     s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M): sum of k_j v_j^T over earlier chunks
-    out = torch.bmm(scores, vc).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
-    return _merge(out, v, n)
+    res = torch.bmm(scores, vc, out=_into(out, c)).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
+    return _place(res, v, n, out)
 
 
-def _backward(q, k, v, g, c, need):
+def _backward(q, k, v, g, c, need, outs=(None, None, None)):
     """All three gradients from shared pieces (A = tril(g v^T) serves grad q and, transposed,
     grad k; one reverse state R = sum q_j g_j^T serves grad k (as R^T) and grad v); each
     gradient is one bmm plus one in-place baddbmm_, with no separate add pass."""
@@ -108,14 +125,14 @@ def _backward(q, k, v, g, c, need):
         a = torch.bmm(gc, vc.mT).tril_()  # (L, C, C): a[i, j] = g_i . v_j, j <= i
     if need[0]:  # grad q_i = sum_{j<=i} (g_i . v_j) k_j = intra a @ k + g_i^T S^T
         s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M) state before each chunk
-        grad_q = _merge(torch.bmm(a, kc).baddbmm_(gc, s.mT), q, n)
+        grad_q = _place(torch.bmm(a, kc, out=_into(outs[0], c)).baddbmm_(gc, s.mT), q, n, outs[0])
     if need[1] or need[2]:
         r = _chunk_states(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
     if need[1]:  # grad k_i = sum_{j>=i} (g_j . v_i) q_j = intra a^T @ q + v_i^T R^T
-        grad_k = _merge(torch.bmm(a.mT, qc).baddbmm_(vc, r.mT), k, n)
+        grad_k = _place(torch.bmm(a.mT, qc, out=_into(outs[1], c)).baddbmm_(vc, r.mT), k, n, outs[1])
     if need[2]:  # grad v_i = sum_{j>=i} (q_j . k_i) g_j = intra tril(q k^T)^T @ g + k_i^T R
         p = torch.bmm(qc, kc.mT).tril_()  # the forward's scores, recomputed (not saved: O(N C))
-        grad_v = _merge(torch.bmm(p.mT, gc).baddbmm_(kc, r), v, n)
+        grad_v = _place(torch.bmm(p.mT, gc, out=_into(outs[2], c)).baddbmm_(kc, r), v, n, outs[2])
     return grad_q, grad_k, grad_v
 
 
@@ -144,7 +161,7 @@ def _grouped_forward(q, k, v, c):
         return _forward(q, k, v, c)
     out = v3.new_empty(v3.shape)
     for s in groups:
-        out[s] = _forward(q3[s], k3[s], v3[s], c)
+        _forward(q3[s], k3[s], v3[s], c, out=out[s])
     return out.view(v.shape)
 
 
@@ -155,9 +172,7 @@ def _grouped_backward(q, k, v, g, c, need):
         return _backward(q, k, v, g, c, need)
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((q3, k3, v3), need)]
     for s in groups:
-        for out, gr in zip(grads, _backward(q3[s], k3[s], v3[s], g3[s], c, need)):
-            if out is not None:
-                out[s] = gr
+        _backward(q3[s], k3[s], v3[s], g3[s], c, need, [None if x is None else x[s] for x in grads])
     return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
 
 
