@@ -80,6 +80,9 @@ def _place(res, like, n, out):
     return out
 
 
+MATMUL_SCAN_CHUNKS = 8  # measured (fwd + bwd, interleaved): 1.04-1.18x at nc = 4, 0.9-1.1x at nc = 16
+
+
 def _chunk_states(x, n_chunks, reverse=False):
     """Exclusive prefix sums over each sequence's chunks: (L, D, M) with L = batch * nc -> the
     state before (after, when reverse) each chunk. On CPU a loop over chunks, one add per chunk
@@ -93,6 +96,13 @@ def _chunk_states(x, n_chunks, reverse=False):
         else:
             out = F.pad(x[:, :-1], (0, 0, 0, 0, 1, 0)).cumsum(1)
         return out.flatten(0, 1)
+    if n_chunks <= MATMUL_SCAN_CHUNKS:
+        # Few chunks: one matmul with a strictly triangular ones matrix (nc^2 D M multiply-adds,
+        # at most an eighth of one chunk matmul's work when nc <= C / 8) is one op instead of nc
+        # small adds, each of which is a parallel region that waits for every thread.
+        ones = torch.ones(n_chunks, n_chunks, dtype=x.dtype, device=x.device)
+        tri = ones.triu_(1) if reverse else ones.tril_(-1)  # (nc, nc)
+        return torch.matmul(tri, x.flatten(2)).view(-1, *x.shape[-2:])
     out = torch.empty_like(x)
     order = list(reversed(range(n_chunks))) if reverse else list(range(n_chunks))
     out[:, order[0]].zero_()
