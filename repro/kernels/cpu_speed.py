@@ -107,8 +107,14 @@ def peer(sdist: str | None):
     except Exception as err:  # ImportError, or an installed build without its CPU extension
         reason = f"missing: {PEER} not importable ({type(err).__name__}: {err})"
     if sdist is None:
-        return None, reason + "; pass --peer-sdist (README: 'CPU speed')"
-    return build_peer(Path(sdist)), f"0.4.0 sdist built here ({Path(sdist).name})"
+        return None, reason + "; pass --peer-sdist (README: 'CPU speed of the core')"
+    if not Path(sdist).is_file():
+        raise SystemExit(f"--peer-sdist {sdist}: no such file; expected the PyPI sdist of {PEER_DIST} 0.4.0 "
+                         f"(pip download {PEER_DIST}==0.4.0 --no-deps --no-binary :all: --no-build-isolation)")
+    try:
+        return build_peer(Path(sdist)), f"0.4.0 sdist built here ({Path(sdist).name})"
+    except Exception as err:  # no compiler, no ninja: the peer is optional, so its row says why
+        return None, f"missing: building {Path(sdist).name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
 
 
 def _version(dist):
@@ -272,7 +278,15 @@ def main(argv=None):
     for name in ("threads", "rounds", "pass_length", "layer_tokens"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        _run(args, argv)
+    finally:  # main() called in-process (tests) leaves torch's thread count as it found it
+        torch.set_num_threads(threads_before)
+
+
+def _run(args, argv):
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     out_dir = Path(args.out_dir)
     base = {**provenance(torch.device("cpu")), "threads": args.threads, "dtype": "float32", "rounds": args.rounds}
