@@ -65,16 +65,17 @@ def test_cpu_chunk_table():
     assert default_chunk_size(32, 32) == 32 and default_chunk_size(128, 128) == 128
 
 
+@pytest.mark.parametrize("threads", [1, 2])  # 2: the groups run on two Python threads
 @pytest.mark.parametrize("n", [37, 48])  # padded (results copied into place) / whole chunks (written in place)
 @pytest.mark.parametrize("need", [(True, True, True), (False, True, False)])
-def test_row_groups_match_naive(monkeypatch, need, n):
-    """Single-threaded CPU runs take the sequences in groups of about GROUP_CHUNKS chunks; a
-    small GROUP_CHUNKS makes several groups, with a partial last one (7 rows, 3 per group)."""
+def test_row_groups_match_naive(monkeypatch, need, n, threads):
+    """CPU runs take the sequences in groups of about GROUP_CHUNKS chunks; a small GROUP_CHUNKS
+    makes several groups, with a partial last one (7 rows, 3 per group)."""
     from repro.kernels import chunked
 
     monkeypatch.setattr(chunked, "GROUP_CHUNKS", 9)  # N = 37 or 48 at C = 16: 3 chunks per row, 3 rows per group
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         assert len(chunked._row_groups(7, n, 16, torch.device("cpu"))) == 3
         q, k, v = _inputs(1, 7, n, 5, 9)
@@ -87,5 +88,6 @@ def test_row_groups_match_naive(monkeypatch, need, n):
         g = torch.randn_like(ref)
         for a, b in zip(torch.autograd.grad(out, wrt, g), torch.autograd.grad(ref, wrt, g)):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        assert torch.get_num_threads() == threads  # restored after the groups ran
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)

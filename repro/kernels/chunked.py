@@ -17,6 +17,8 @@ S_i is ever stored. The upstream gradient is made contiguous once (after out.sum
 it is an expanded stride-0 tensor, which batched matmuls cannot hand to BLAS).
 """
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -146,22 +148,54 @@ def _backward(q, k, v, g, c, need, outs=(None, None, None)):
     return grad_q, grad_k, grad_v
 
 
-# CPU: sequences are processed in groups of about this many chunks, so that one
-# group's (C, C) scores, (D, M) states and operands stay near the cores (2 MiB of L2 per core
-# here) instead of streaming every intermediate of the whole batch through memory between
-# matmuls. Measured at 1 thread (fwd + bwd, medians of 9-11 interleaved rounds, load 3-4):
-# 1.08x (B 1, H 8, N 1024, D = M = 64), 1.12x (N 4096), 1.26x (B 16, N 1024, D 32, M 33),
-# 1.54x (B 64, N 256, D 32, M 33) faster than one group; 64 and 256 are within noise of 128.
-# Single-threaded only: with 2 threads on this loaded 2-core machine each group's ops are
-# parallel regions whose barriers wait for a descheduled thread, and grouping measured 0.5-0.8x.
+# CPU: sequences are processed in groups of about this many chunks, so that one group's (C, C)
+# scores, (D, M) states and operands stay near the core (2 MiB of L2 per core here) instead of
+# streaming every intermediate of the whole batch through memory between matmuls. Measured at
+# 1 thread (fwd + bwd, medians of 9-11 interleaved rounds, load 3-4): 1.08x (B 1, H 8, N 1024,
+# D = M = 64), 1.12x (N 4096), 1.26x (B 16, N 1024, D 32, M 33), 1.54x (B 64, N 256, D 32, M 33)
+# faster than one group; 64 and 256 are within noise of 128.
 GROUP_CHUNKS = 128
 
 
 def _row_groups(n_rows, n, c, device):
-    if device.type != "cpu" or torch.get_num_threads() > 1:
+    """Slices of the rows (sequences) that are computed together."""
+    if device.type != "cpu":
         return [slice(0, n_rows)]  # GPUs want the whole batch in each launch
-    per = max(1, GROUP_CHUNKS // -(-n // c))
+    per = max(1, min(GROUP_CHUNKS // -(-n // c), -(-n_rows // torch.get_num_threads())))
     return [slice(i, i + per) for i in range(0, n_rows, per)]
+
+
+_POOLS = {}  # (pid, threads) -> executor; keyed by pid so a forked child never waits on its parent's threads
+
+
+def _run_groups(work, groups):
+    """work(rows) for every group. With T > 1 threads the groups go to T Python threads that run
+    torch single-threaded, instead of every op of every group forking T OpenMP threads: one
+    forward + backward is ~25 ops, each a parallel region whose barrier waits for any thread the
+    scheduler has parked, and on this shared 2-core machine that made 2 threads several times
+    slower than 1. Measured at 2 threads (fwd + bwd, 9 interleaved rounds, load 3.3-3.5):
+    1.56-2.05x (B 1, H 8, N 1024, D = M = 64), 1.33-1.73x (N 4096), 2.21-2.35x (B 64, N 256, D 32,
+    M 33) faster. torch's thread count is process state: it reads 1 while the groups run and is
+    restored after (grad mode is per thread, so the workers disable it themselves)."""
+    threads = torch.get_num_threads()
+    if threads == 1 or len(groups) == 1 or torch.compiler.is_compiling():
+        # (tracing modes such as torch.compile's fake tensors are per thread: trace in this one)
+        for rows in groups:
+            work(rows)
+        return
+    key = (os.getpid(), threads)
+    pool = _POOLS.get(key) or _POOLS.setdefault(key, ThreadPoolExecutor(threads, thread_name_prefix="causal_dot"))
+
+    def run(rows):
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            work(rows)
+
+    torch.set_num_threads(1)
+    try:
+        list(pool.map(run, groups))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _grouped_forward(q, k, v, c):
@@ -170,8 +204,7 @@ def _grouped_forward(q, k, v, c):
     if len(groups) == 1:
         return _forward(q, k, v, c)
     out = v3.new_empty(v3.shape)
-    for s in groups:
-        _forward(q3[s], k3[s], v3[s], c, out=out[s])
+    _run_groups(lambda s: _forward(q3[s], k3[s], v3[s], c, out=out[s]), groups)
     return out.view(v.shape)
 
 
@@ -181,8 +214,8 @@ def _grouped_backward(q, k, v, g, c, need):
     if len(groups) == 1:
         return _backward(q, k, v, g, c, need)
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((q3, k3, v3), need)]
-    for s in groups:
-        _backward(q3[s], k3[s], v3[s], g3[s], c, need, [None if x is None else x[s] for x in grads])
+    _run_groups(lambda s: _backward(q3[s], k3[s], v3[s], g3[s], c, need, [None if x is None else x[s] for x in grads]),
+                groups)
     return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
 
 
