@@ -15,6 +15,10 @@ with one reverse state R_i = sum_{j>=i} q_j g_j^T shared by grad k and grad v: t
 one in-place baddbmm_ (no separate add pass). Only q, k and v are saved; no per-step state
 S_i is ever stored. The upstream gradient is made contiguous once (after out.sum().backward()
 it is an expanded stride-0 tensor, which batched matmuls cannot hand to BLAS).
+
+On CPU the sequences are taken in groups of ~GROUP_CHUNKS chunks (cache-sized), and with T > 1
+threads the groups run on T Python threads with torch single-threaded (_run_groups says why).
+Speed is measured by `python -m repro.kernels.cpu_speed` (README: "CPU speed of the core").
 """
 import math
 import os
