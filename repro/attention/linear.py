@@ -7,6 +7,7 @@ with the sums over j <= i when causal. Its recurrent twin carries (S, Z) from to
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..kernels import causal_dot_product
 from .base import AttentionLayer
@@ -44,6 +45,7 @@ class _Normalise(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # as the causal product beneath it
     def backward(ctx, g):
         y, inv = ctx.saved_tensors
         grad = y.new_empty(y.shape[:-1] + (y.shape[-1] + 1,))  # (B, H, N, M + 1)
