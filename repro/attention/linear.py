@@ -7,6 +7,7 @@ with the sums over j <= i when causal. Its recurrent twin carries (S, Z) from to
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..kernels import causal_dot_product
 from .base import AttentionLayer
@@ -28,6 +29,29 @@ def _cupy_if(reason_fn, *tensors):
 def _acc(dtype):
     # Sums over the sequence run in fp32 (fp64 for fp64): sum phi(K) overflows fp16 otherwise.
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _Normalise(torch.autograd.Function):
+    """[num | den] (B, H, N, M + 1) -> num / (den + eps) (B, H, N, M). Its backward writes the
+    gradient of [num | den] as one tensor in two passes (autograd's slice and division would
+    zero-fill two full-size gradients, add them and take five elementwise passes):
+        d num = g / (den + eps),  d den = -sum_m g_m num_m / (den + eps)^2 = -sum_m (d num)_m y_m."""
+
+    @staticmethod
+    def forward(ctx, out, eps):
+        inv = 1.0 / (out[..., -1:] + eps)  # (B, H, N, 1)
+        y = out[..., :-1] * inv
+        ctx.save_for_backward(y, inv)
+        return y
+
+    @staticmethod
+    @once_differentiable  # as the causal product beneath it
+    def backward(ctx, g):
+        y, inv = ctx.saved_tensors
+        grad = y.new_empty(y.shape[:-1] + (y.shape[-1] + 1,))  # (B, H, N, M + 1)
+        d_num = torch.mul(g, inv, out=grad[..., :-1])
+        torch.sum(d_num * y, -1, keepdim=True, out=grad[..., -1:]).neg_()
+        return grad, None
 
 
 @dataclass
@@ -59,7 +83,15 @@ class LinearAttention(AttentionLayer):
         acc = _acc(q.dtype)
         if causal and (cb := _cupy_if("linear_attention_unsupported_reason", q, k, v)):
             return cb.causal_linear_attention(q, k, v, self.eps)  # numerator and normaliser in one pass
+        if causal and acc == q.dtype:
+            # The normaliser folded into the product, as the recurrent step does: one causal pass
+            # over [v, 1] gives [num | den] (phi(q_i) . sum_{j<=i} phi(k_j) is the ones column),
+            # instead of a second pass of cumsum, product and sum over (B, H, N, F).
+            v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)  # (B, H, N, M + 1)
+            return _Normalise.apply(causal_dot_product(q, k, v1), self.eps)  # (B, H, N, M)
         if causal:
+            # Half precision: the kernel rounds its output to the input dtype, and den must stay
+            # in fp32 (sum phi(K) overflows fp16), so it is its own fp32 pass here.
             num = causal_dot_product(q, k, v).to(acc)  # (B, H, N, M)
             den = torch.einsum("bhnf,bhnf->bhn", q.to(acc), k.to(acc).cumsum(2))
         else:

@@ -7,86 +7,220 @@ Python loop over time, and memory is O(N (C + D M / C)): with C ~ sqrt(D M) that
 O(N max(D, M)).
 
 The backward pass is the paper's cumulative-sum form (Section 3.3.1), chunked the same way:
-  grad q_i = sum_{j<=i} (g_i . v_j) k_j   a forward scan: the forward pass with v and k swapped
-  grad k_i = sum_{j>=i} (g_j . v_i) q_j   a reverse scan over the state R_i = sum_{j>=i} q_j g_j^T
-  grad v_i = sum_{j>=i} (q_j . k_i) g_j   the same reverse state R
-Only q, k and v are saved; no per-step state S_i is ever stored.
+  grad q_i = sum_{j<=i} (g_i . v_j) k_j   intra: A @ k with A = tril(g v^T); inter: g_i^T S^T
+  grad k_i = sum_{j>=i} (g_j . v_i) q_j   intra: A^T @ q (the same A); inter: v_i^T R^T
+  grad v_i = sum_{j>=i} (q_j . k_i) g_j   intra: tril(q k^T)^T @ g; inter: k_i^T R
+with one reverse state R_i = sum_{j>=i} q_j g_j^T shared by grad k and grad v: ten (C, C)- or
+(D, M)-sized batched matmuls against the forward's four, each gradient written by one bmm and
+one in-place baddbmm_ (no separate add pass). Only q, k and v are saved; no per-step state
+S_i is ever stored. The upstream gradient is made contiguous once (after out.sum().backward()
+it is an expanded stride-0 tensor, which batched matmuls cannot hand to BLAS).
+
+On CPU the sequences are taken in groups of ~GROUP_CHUNKS chunks (cache-sized), and with T > 1
+threads the groups run on T Python threads with torch single-threaded (_run_groups says why).
+Speed is measured by `python -m repro.kernels.cpu_speed` (README: "CPU speed of the core").
 """
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 
-def default_chunk_size(d: int, m: int) -> int:
-    """The power of two nearest sqrt(D M), within [16, 256]: balances the (C, C) intra-chunk
-    scores against the (N / C) per-chunk (D, M) states."""
-    return int(min(256, max(16, 2 ** round(math.log2(math.sqrt(d * m))))))
+# On CPU the chunk size comes from measurement (fp32, B = 1, H = 8, N = 4096, 1 thread, fwd + bwd,
+# medians of 15 interleaved rounds; `python -m repro.kernels.cpu_speed --chunk-sweep --threads 1
+# --rounds 15 --sweep-dims 16,16 16,17 32,32 32,33 64,64 64,65 128,128`):
+#   D, M = 16: C = 32 (16 and 64 are 1.1-1.4x slower)
+#   D, M = 32 and 64: C = 64 (32 is 1.1-1.6x slower, 128 1.5-2.5x)
+#   D, M = 128: C = 64 and 128 within 5% (32 is 1.9x slower)
+# i.e. (C, C) blocks of 32-64 keep BLAS efficient, and bigger C only adds intra-chunk work.
+# Larger D M is unmeasured and keeps the sqrt rule.
+CPU_CHUNKS = ((24, 32), (128, 64))  # (largest sqrt(D M), C)
+
+
+def default_chunk_size(d: int, m: int, cpu: bool = False) -> int:
+    """The chunk size C for head dims D, M. Off CPU (and beyond the CPU table): the power of two
+    nearest sqrt(D M), within [16, 256], balancing the (C, C) intra-chunk scores against the
+    (N / C) per-chunk (D, M) states. On CPU: CPU_CHUNKS, measured."""
+    root = math.sqrt(d * m)
+    if cpu:
+        for limit, c in CPU_CHUNKS:
+            if root <= limit:
+                return c
+    return int(min(256, max(16, 2 ** round(math.log2(root)))))
 
 
 def _split(x, c):
-    """(..., N, X) -> (..., N / C, C, X), zero-padding N up to a multiple of C.
-    Zero keys and values add nothing to the sums, and padded queries are cut off later."""
+    """(..., N, X) -> (L, C, X) with L = (batch dims) * N / C chunks, zero-padding N up to a
+    multiple of C. Zero keys and values add nothing to the sums, and padded queries are cut off
+    later. Contiguous, so every batched matmul below takes BLAS's fast path."""
     n = x.shape[-2]
     pad = (-n) % c
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
-    return x.unflatten(-2, (x.shape[-2] // c, c))
+    return x.reshape(-1, c, x.shape[-1]).contiguous()
 
 
-def _merge(x, n):
-    """(..., N / C, C, X) -> (..., N, X)."""
-    return x.flatten(-3, -2)[..., :n, :]
+def _merge(x, like, n):
+    """(L, C, X) -> (..., N, X) with the batch dims of `like`, dropping the padding."""
+    x = x.view(*like.shape[:-2], -1, x.shape[-1])
+    return x[..., :n, :] if x.shape[-2] != n else x
 
 
-def _chunk_states(x, reverse=False):
-    """Exclusive prefix sums over the chunk axis: (..., nc, D, M) -> state before (after, when
-    reverse) each chunk. On CPU a loop over chunks: torch's cumsum along a non-last axis runs
-    at a fraction of memory bandwidth there (~7x slower than this loop at nc = 1024, and it
-    made the whole op grow faster than N); on GPUs cumsum is a parallel scan and wins."""
-    if x.device.type != "cpu":
-        if reverse:
-            return F.pad(x[..., 1:, :, :], (0, 0, 0, 0, 0, 1)).flip(-3).cumsum(-3).flip(-3)
-        return F.pad(x[..., :-1, :, :], (0, 0, 0, 0, 1, 0)).cumsum(-3)
-    out = torch.empty_like(x)
-    acc = torch.zeros_like(x[..., 0, :, :])
-    for i in (reversed(range(x.shape[-3])) if reverse else range(x.shape[-3])):
-        out[..., i, :, :] = acc
-        acc += x[..., i, :, :]
+def _into(out, c):
+    """A group's slice of the full result (rows, N, X) seen as (L, C, X), so that the last
+    matmul writes there directly; None when N is not a multiple of C (then it is copied)."""
+    if out is None or out.shape[-2] % c:
+        return None
+    return out.view(-1, c, out.shape[-1])
+
+
+def _place(res, like, n, out):
+    """res (L, C, X) -> (..., N, X), in out when one is given."""
+    if out is None:
+        return _merge(res, like, n)
+    if res.data_ptr() != out.data_ptr():
+        out.copy_(_merge(res, like, n))
     return out
 
 
-def _forward(q, k, v, c):
-    n = q.shape[-2]
-    qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (..., nc, C, D|M)
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    scores = (qc @ kc.transpose(-1, -2)).masked_fill_(~causal, 0.0)  # (..., nc, C, C)
-    out = scores @ vc  # (..., nc, C, M)
-    kv = kc.transpose(-1, -2) @ vc  # (..., nc, D, M): each chunk's sum of k_j v_j^T
-    s = _chunk_states(kv)  # state before each chunk
-    out += qc @ s
-    return _merge(out, n)
+MATMUL_SCAN_CHUNKS = 8  # measured (fwd + bwd, interleaved): 1.04-1.18x at nc = 4, 0.9-1.1x at nc = 16
 
 
-def _backward(q, k, v, g, c, need):
+def _chunk_states(x, n_chunks, reverse=False):
+    """Exclusive prefix sums over each sequence's chunks: (L, D, M) with L = batch * nc -> the
+    state before (after, when reverse) each chunk. On CPU a loop over chunks, one add per chunk
+    written straight into its slot: torch's cumsum along a non-last axis runs at a fraction of
+    memory bandwidth there (15-25x slower than this loop at nc = 64, measured), and a matmul
+    with a triangular ones matrix costs nc^2 D M; on GPUs cumsum is a parallel scan and wins."""
+    x = x.view(-1, n_chunks, *x.shape[-2:])  # (batch, nc, D, M)
+    if x.device.type != "cpu":
+        if reverse:
+            out = F.pad(x[:, 1:], (0, 0, 0, 0, 0, 1)).flip(1).cumsum(1).flip(1)
+        else:
+            out = F.pad(x[:, :-1], (0, 0, 0, 0, 1, 0)).cumsum(1)
+        return out.flatten(0, 1)
+    if n_chunks <= MATMUL_SCAN_CHUNKS:
+        # Few chunks: one matmul with a strictly triangular ones matrix (nc^2 D M multiply-adds,
+        # at most an eighth of one chunk matmul's work when nc <= C / 8) is one op instead of nc
+        # small adds, each of which is a parallel region that waits for every thread.
+        ones = torch.ones(n_chunks, n_chunks, dtype=x.dtype, device=x.device)
+        tri = ones.triu_(1) if reverse else ones.tril_(-1)  # (nc, nc)
+        return torch.matmul(tri, x.flatten(2)).view(-1, *x.shape[-2:])
+    out = torch.empty_like(x)
+    order = list(reversed(range(n_chunks))) if reverse else list(range(n_chunks))
+    out[:, order[0]].zero_()
+    for prev, i in zip(order, order[1:]):
+        torch.add(out[:, prev], x[:, prev], out=out[:, i])
+    return out.flatten(0, 1)
+
+
+def _forward(q, k, v, c, out=None):
     n = q.shape[-2]
-    grad_q = _forward(g, v, k, c) if need[0] else None
-    if not (need[1] or need[2]):
-        return grad_q, None, None
-    qc, kc, vc, gc = _split(q, c), _split(k, c), _split(v, c), _split(g, c)
-    anti_causal = torch.ones(c, c, dtype=torch.bool, device=q.device).triu()
-    qg = qc.transpose(-1, -2) @ gc  # (..., nc, D, M)
-    # R before each chunk, looking backwards in time: sum of q_j g_j^T over all later chunks
-    r = _chunk_states(qg, reverse=True)
-    grad_k = grad_v = None
-    if need[1]:
-        p = (vc @ gc.transpose(-1, -2)).masked_fill_(~anti_causal, 0.0)  # [i, j] = v_i . g_j, j >= i
-        grad_k = _merge(p @ qc + vc @ r.transpose(-1, -2), n)
-    if need[2]:
-        p = (kc @ qc.transpose(-1, -2)).masked_fill_(~anti_causal, 0.0)  # [i, j] = k_i . q_j, j >= i
-        grad_v = _merge(p @ gc + kc @ r, n)
+    nc = -(-n // c)
+    qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (L, C, D|M)
+    scores = torch.bmm(qc, kc.mT).tril_()  # (L, C, C): q_i . k_j for j <= i inside the chunk
+    s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M): sum of k_j v_j^T over earlier chunks
+    res = torch.bmm(scores, vc, out=_into(out, c)).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
+    return _place(res, v, n, out)
+
+
+def _backward(q, k, v, g, c, need, outs=(None, None, None)):
+    """All three gradients from shared pieces (A = tril(g v^T) serves grad q and, transposed,
+    grad k; one reverse state R = sum q_j g_j^T serves grad k (as R^T) and grad v); each
+    gradient is one bmm plus one in-place baddbmm_, with no separate add pass."""
+    n = q.shape[-2]
+    nc = -(-n // c)
+    # _split makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
+    # on which batched matmuls leave BLAS for a slow generic loop.
+    qc, kc, vc, gc = _split(q, c), _split(k, c), _split(v, c), _split(g, c)  # (L, C, D|M)
+    grad_q = grad_k = grad_v = None
+    if need[0] or need[1]:
+        a = torch.bmm(gc, vc.mT).tril_()  # (L, C, C): a[i, j] = g_i . v_j, j <= i
+    if need[0]:  # grad q_i = sum_{j<=i} (g_i . v_j) k_j = intra a @ k + g_i^T S^T
+        s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M) state before each chunk
+        grad_q = _place(torch.bmm(a, kc, out=_into(outs[0], c)).baddbmm_(gc, s.mT), q, n, outs[0])
+    if need[1] or need[2]:
+        r = _chunk_states(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
+    if need[1]:  # grad k_i = sum_{j>=i} (g_j . v_i) q_j = intra a^T @ q + v_i^T R^T
+        grad_k = _place(torch.bmm(a.mT, qc, out=_into(outs[1], c)).baddbmm_(vc, r.mT), k, n, outs[1])
+    if need[2]:  # grad v_i = sum_{j>=i} (q_j . k_i) g_j = intra tril(q k^T)^T @ g + k_i^T R
+        p = torch.bmm(qc, kc.mT).tril_()  # the forward's scores, recomputed (not saved: O(N C))
+        grad_v = _place(torch.bmm(p.mT, gc, out=_into(outs[2], c)).baddbmm_(kc, r), v, n, outs[2])
     return grad_q, grad_k, grad_v
+
+
+# CPU: sequences are processed in groups of about this many chunks, so that one group's (C, C)
+# scores, (D, M) states and operands stay near the core (2 MiB of L2 per core here) instead of
+# streaming every intermediate of the whole batch through memory between matmuls. Measured at
+# 1 thread (fwd + bwd, medians of 9-11 interleaved rounds, load 3-4): 1.08x (B 1, H 8, N 1024,
+# D = M = 64), 1.12x (N 4096), 1.26x (B 16, N 1024, D 32, M 33), 1.54x (B 64, N 256, D 32, M 33)
+# faster than one group; 64 and 256 are within noise of 128.
+GROUP_CHUNKS = 128
+
+
+def _row_groups(n_rows, n, c, device):
+    """Slices of the rows (sequences) that are computed together."""
+    if device.type != "cpu":
+        return [slice(0, n_rows)]  # GPUs want the whole batch in each launch
+    per = max(1, min(GROUP_CHUNKS // -(-n // c), -(-n_rows // torch.get_num_threads())))
+    return [slice(i, i + per) for i in range(0, n_rows, per)]
+
+
+_POOLS = {}  # (pid, threads) -> executor; keyed by pid so a forked child never waits on its parent's threads
+
+
+def _run_groups(work, groups):
+    """work(rows) for every group. With T > 1 threads the groups go to T Python threads that run
+    torch single-threaded, instead of every op of every group forking T OpenMP threads: one
+    forward + backward is ~25 ops, each a parallel region whose barrier waits for any thread the
+    scheduler has parked, and on this shared 2-core machine that made 2 threads several times
+    slower than 1. Measured at 2 threads (fwd + bwd, 9 interleaved rounds, load 3.3-3.5):
+    1.56-2.05x (B 1, H 8, N 1024, D = M = 64), 1.33-1.73x (N 4096), 2.21-2.35x (B 64, N 256, D 32,
+    M 33) faster. torch's thread count is process state: it reads 1 while the groups run and is
+    restored after (grad mode is per thread, so the workers disable it themselves)."""
+    threads = torch.get_num_threads()
+    if threads == 1 or len(groups) == 1 or torch.compiler.is_compiling():
+        # (tracing modes such as torch.compile's fake tensors are per thread: trace in this one)
+        for rows in groups:
+            work(rows)
+        return
+    key = (os.getpid(), threads)
+    pool = _POOLS.get(key) or _POOLS.setdefault(key, ThreadPoolExecutor(threads, thread_name_prefix="causal_dot"))
+
+    def run(rows):
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            work(rows)
+
+    torch.set_num_threads(1)
+    try:
+        list(pool.map(run, groups))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _grouped_forward(q, k, v, c):
+    q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))  # (rows, N, D|M)
+    groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
+    if len(groups) == 1:
+        return _forward(q, k, v, c)
+    out = v3.new_empty(v3.shape)
+    _run_groups(lambda s: _forward(q3[s], k3[s], v3[s], c, out=out[s]), groups)
+    return out.view(v.shape)
+
+
+def _grouped_backward(q, k, v, g, c, need):
+    q3, k3, v3, g3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, g))  # (rows, N, D|M)
+    groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
+    if len(groups) == 1:
+        return _backward(q, k, v, g, c, need)
+    grads = [x.new_empty(x.shape) if r else None for x, r in zip((q3, k3, v3), need)]
+    _run_groups(lambda s: _backward(q3[s], k3[s], v3[s], g3[s], c, need, [None if x is None else x[s] for x in grads]),
+                groups)
+    return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
 
 
 def _compute_dtype(dtype):
@@ -102,7 +236,7 @@ class CausalDotProduct(torch.autograd.Function):
         cd = _compute_dtype(q.dtype)
         # Autocast must not push the matmuls back down to bf16: the accumulation is the point.
         with torch.autocast(q.device.type, enabled=False):
-            out = _forward(q.to(cd), k.to(cd), v.to(cd), chunk_size)
+            out = _grouped_forward(q.to(cd), k.to(cd), v.to(cd), chunk_size)
         return out.to(q.dtype)
 
     @staticmethod
@@ -111,11 +245,11 @@ class CausalDotProduct(torch.autograd.Function):
         q, k, v = ctx.saved_tensors
         cd = _compute_dtype(q.dtype)
         with torch.autocast(q.device.type, enabled=False):
-            grads = _backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), ctx.chunk_size,
+            grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), ctx.chunk_size,
                               ctx.needs_input_grad[:3])
         return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v))) + (None,)
 
 
 def causal_dot_product_chunked(q, k, v, chunk_size=None):
-    c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1])
+    c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
     return CausalDotProduct.apply(q, k, v, c)

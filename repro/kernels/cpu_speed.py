@@ -1,0 +1,321 @@
+"""CPU speed of the causal linear attention core (issue 18): every row of the issue's table
+from one run, each pair timed interleaved (A, B, A, B, ...; medians of --rounds rounds):
+
+    python -m repro.kernels.cpu_speed                          # 2 threads, 9 rounds
+    python -m repro.kernels.cpu_speed --threads 1 --rounds 7
+    python -m repro.kernels.cpu_speed --peer-sdist pytorch-fast-transformers-0.4.0.tar.gz
+    python -m repro.kernels.cpu_speed --chunk-sweep             # fwd+bwd per chunk size C, per (D, M)
+
+Rows (B = 1, H = 8, D = M = 64, fp32 unless said):
+  kernel_vs_peer   causal_dot_product forward + backward, ours against fast-transformers 0.4.0's
+                   CPU kernel (an optional peer: the installed package, or its PyPI sdist built
+                   here with --peer-sdist; otherwise one 'missing' row saying why), N = 1024, 4096
+  forward          the forward alone at N = 4096, with the GFLOP/s of the matmuls it runs and
+                   this CPU's GEMM rate (a 1024^3 fp32 matmul) measured in the same run
+  backward_dense   the backward alone (a dense upstream gradient) against the forward
+  backward_sum     the backward after out.sum() (an expanded stride-0 gradient) against the dense one
+  layer            one causal attention layer (d_model 256, 8 heads x 32, projections included),
+                   forward + backward on 16,384 tokens (B = 16384 / N), linear against softmax
+                   through SDPA, N = 256, 512, 1024, 4096
+  generation       not timed here (minutes per image): a row pointing at task=throughput
+Every row carries the load average when it was measured, the threads, device, versions and git
+SHA; rows go to results/cpu_speed/cpu_speed_<threads>t_<time>.{csv,json} (atomic writes).
+"""
+import argparse
+import importlib.metadata
+import json
+import os
+import sys
+import statistics
+import tarfile
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from ..results import REPO, atomic_write, provenance, rows_to_csv
+from .chunked import causal_dot_product_chunked, default_chunk_size
+
+PEER = "fast_transformers"
+PEER_DIST = "pytorch-fast-transformers"
+
+
+def _load():
+    return list(os.getloadavg())
+
+
+def interleaved(fns: dict, rounds: int, warmup: int = 1) -> dict:
+    """name -> (median seconds, all times): every round runs each fn once, in turn, so a load
+    change on the shared machine hits every method alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: (statistics.median(ts), ts) for name, ts in times.items()}
+
+
+class _PeerProduct(torch.autograd.Function):
+    """fast-transformers' own CausalDotProduct (fast_transformers/causal_product/__init__.py,
+    0.4.0), over its CPU extension built from the sdist."""
+
+    ext = None
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        out = torch.zeros(*q.shape[:-1], v.shape[-1])
+        _PeerProduct.ext.causal_dot_product(q, k, v, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v = ctx.saved_tensors
+        gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        _PeerProduct.ext.causal_dot_backward(q, k, v, g, gq, gk, gv)
+        return gq, gk, gv
+
+
+def build_peer(sdist: Path):
+    """Compile only the CPU causal product of the authors' sdist (torch's JIT extension builder,
+    cached under ~/.cache/torch_extensions; about a minute the first time on this machine)."""
+    from torch.utils.cpp_extension import load
+
+    src_dir = Path(tempfile.mkdtemp(prefix="ft_sdist_"))
+    member = "fast_transformers/causal_product/causal_product_cpu.cpp"
+    with tarfile.open(sdist) as tar:
+        names = [m for m in tar.getmembers() if m.name.endswith(member)]
+        if not names:
+            raise SystemExit(f"--peer-sdist {sdist}: no {member} inside; expected the PyPI sdist of {PEER_DIST} 0.4.0")
+        tar.extractall(src_dir, members=names, filter="data")
+    _PeerProduct.ext = load("fast_transformers_causal_product_cpu", [str(src_dir / names[0].name)],
+                            extra_cflags=["-O3", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"])
+    return _PeerProduct.apply
+
+
+def peer(sdist: str | None):
+    """(fn or None, version or why missing)."""
+    try:
+        from fast_transformers.causal_product import causal_dot_product
+        return causal_dot_product, _version(PEER_DIST) or "importable (version unknown)"
+    except Exception as err:  # ImportError, or an installed build without its CPU extension
+        reason = f"missing: {PEER} not importable ({type(err).__name__}: {err})"
+    if sdist is None:
+        return None, reason + "; pass --peer-sdist (README: 'CPU speed of the core')"
+    if not Path(sdist).is_file():
+        raise SystemExit(f"--peer-sdist {sdist}: no such file; expected the PyPI sdist of {PEER_DIST} 0.4.0 "
+                         f"(pip download {PEER_DIST}==0.4.0 --no-deps --no-binary :all: --no-build-isolation)")
+    try:
+        return build_peer(Path(sdist)), f"0.4.0 sdist built here ({Path(sdist).name})"
+    except Exception as err:  # no compiler, no ninja: the peer is optional, so its row says why
+        return None, f"missing: building {Path(sdist).name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+
+
+def _version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _qkv(b, h, n, d, m, grad=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(b, h, n, x, generator=g) * 0.5).requires_grad_(grad) for x in (d, d, m)]
+
+
+def _fwd_bwd(fn, q, k, v, g):
+    return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), g)
+
+
+def gemm_gflops(rounds):
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    sec, _ = interleaved({"gemm": lambda: a @ b}, rounds)["gemm"]
+    return 2 * 1024 ** 3 / sec / 1e9
+
+
+def matmul_flops(b, h, n, d, m, c):
+    """FLOPs of the matmuls the chunked forward runs: per chunk q k^T (C C D), scores v (C C M),
+    k^T v (C D M) and q S (C D M), padded chunks included."""
+    chunks = b * h * -(-n // c)
+    return 2 * chunks * (c * c * d + c * c * m + 2 * c * d * m)
+
+
+def _row(base, **kw):
+    return {**base, **kw, "load_avg_1_5_15": _load()}
+
+
+def kernel_rows(base, args, peer_fn, peer_note):
+    b, h, d = 1, 8, 64
+    rows = []
+    for n in args.kernel_lengths:
+        q, k, v = _qkv(b, h, n, d, d, seed=n)
+        g = torch.randn(b, h, n, d)
+        common = dict(measure="kernel_vs_peer", pass_="fwd_bwd", n=n, batch=b, heads=h, d=d, m=d)
+        if peer_fn is None:
+            rows.append(_row(base, **common, method=PEER, status=peer_note))
+            t = interleaved({"ours": _fwd_bwd(causal_dot_product_chunked, q, k, v, g)}, args.rounds)
+            rows.append(_row(base, **common, method="ours", status="ok", ms=1e3 * t["ours"][0],
+                             times_ms=[1e3 * x for x in t["ours"][1]]))
+            continue
+        with torch.no_grad():  # the peer must compute the same thing
+            err = (peer_fn(q, k, v) - causal_dot_product_chunked(q, k, v)).abs().max().item()
+        t = interleaved({"ours": _fwd_bwd(causal_dot_product_chunked, q, k, v, g),
+                         PEER: _fwd_bwd(peer_fn, q, k, v, g)}, args.rounds)
+        ratio = t[PEER][0] / t["ours"][0]
+        for name in ("ours", PEER):
+            rows.append(_row(base, **common, method=name, status="ok", ms=1e3 * t[name][0],
+                             times_ms=[1e3 * x for x in t[name][1]], max_abs_diff=err,
+                             peer_version=peer_note,
+                             **({"speedup_vs_peer": ratio, "target": ">= 2", "met": ratio >= 2}
+                                if name == "ours" else {})))
+    return rows
+
+
+def pass_rows(base, args, gemm):
+    """forward, backward (dense gradient), backward (stride-0 gradient from out.sum())."""
+    b, h, n, d = 1, 8, args.pass_length, 64
+    q, k, v = _qkv(b, h, n, d, d, seed=1)
+    g = torch.randn(b, h, n, d)
+    out = causal_dot_product_chunked(q, k, v)
+    total = out.sum()  # its backward hands the kernel an expanded, stride-0 gradient
+
+    def fwd():
+        with torch.no_grad():
+            causal_dot_product_chunked(q, k, v)
+
+    t = interleaved({"forward": fwd,
+                     "backward_dense": lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True),
+                     "backward_sum": lambda: torch.autograd.grad(total, (q, k, v), retain_graph=True)},
+                    args.rounds)
+    c = default_chunk_size(d, d, cpu=True)
+    f_ms, bd_ms, bs_ms = (1e3 * t[x][0] for x in ("forward", "backward_dense", "backward_sum"))
+    common = dict(pass_=None, n=n, batch=b, heads=h, d=d, m=d, chunk=c, method="ours", status="ok")
+    gf = matmul_flops(b, h, n, d, d, c) / (f_ms / 1e3) / 1e9
+    return [
+        _row(base, **{**common, "pass_": "fwd"}, measure="forward", ms=f_ms, times_ms=[1e3 * x for x in t["forward"][1]],
+             matmul_gflops=gf, gemm_gflops=gemm, pct_of_gemm=100 * gf / gemm, target="keep"),
+        _row(base, **{**common, "pass_": "bwd"}, measure="backward_dense", ms=bd_ms,
+             times_ms=[1e3 * x for x in t["backward_dense"][1]], x_forward=bd_ms / f_ms, target="<= 2.5x forward",
+             met=bd_ms / f_ms <= 2.5),
+        _row(base, **{**common, "pass_": "bwd"}, measure="backward_sum", ms=bs_ms,
+             times_ms=[1e3 * x for x in t["backward_sum"][1]], x_dense=bs_ms / bd_ms, x_forward=bs_ms / f_ms,
+             target="same as dense", met=bs_ms / bd_ms <= 1.1),
+    ]
+
+
+def layer_rows(base, args):
+    from ..attention import LinearAttention, SoftmaxAttention
+
+    torch.manual_seed(0)
+    layers = {"linear": LinearAttention(256, 8), "softmax": SoftmaxAttention(256, 8)}
+    rows = []
+    for n in args.layer_lengths:
+        b = max(1, args.layer_tokens // n)
+        x = torch.randn(b, n, 256, requires_grad=True)
+        g = torch.randn(b, n, 256)
+        fns = {name: (lambda layer=layer: torch.autograd.grad(layer(x, causal=True), (x, *layer.parameters()), g))
+               for name, layer in layers.items()}
+        t = interleaved(fns, args.rounds)
+        ratio = t["softmax"][0] / t["linear"][0]
+        for name in layers:
+            rows.append(_row(base, measure="layer", pass_="fwd_bwd", method=name, n=n, batch=b, heads=8, d=32, m=32,
+                             status="ok", ms=1e3 * t[name][0], times_ms=[1e3 * x for x in t[name][1]],
+                             **({"speedup_vs_softmax": ratio, "target": "> 1", "met": ratio > 1}
+                                if name == "linear" else {})))
+    return rows
+
+
+def chunk_sweep(args):
+    """fwd + bwd of the chunked kernel per chunk size, interleaved, for each (D, M): the data
+    behind default_chunk_size's table."""
+    rows = []
+    for d, m in args.sweep_dims:
+        q, k, v = _qkv(1, 8, args.pass_length, d, m, seed=d * 1000 + m)
+        g = torch.randn(1, 8, args.pass_length, m)
+        fns = {c: (lambda c=c: torch.autograd.grad(causal_dot_product_chunked(q, k, v, c), (q, k, v), g))
+               for c in args.sweep_chunks}
+        t = interleaved(fns, args.rounds)
+        best = min(t, key=lambda c: t[c][0])
+        print(f"D={d:3d} M={m:3d}  " + "  ".join(f"C={c}: {1e3 * t[c][0]:7.1f} ms" for c in t)
+              + f"  best C={best} (default {default_chunk_size(d, m, cpu=True)})  load {_load()}")
+        rows += [{"measure": "chunk_sweep", "d": d, "m": m, "n": args.pass_length, "chunk": c,
+                  "ms": 1e3 * t[c][0], "best": c == best, "load_avg_1_5_15": _load()} for c in t]
+    return rows
+
+
+def _print(r):
+    what = f"{r['measure']:15s} {r['method']:17s} N={r['n']:5d}"
+    if r.get("status") != "ok":
+        print(f"{what}  {r['status']}")
+        return
+    extra = {k: r[k] for k in ("speedup_vs_peer", "speedup_vs_softmax", "x_forward", "x_dense", "matmul_gflops",
+                               "gemm_gflops", "target", "met") if k in r}
+    extra = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
+    print(f"{what}  {r['ms']:9.2f} ms  {extra}  load={r['load_avg_1_5_15'][0]:.2f}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m repro.kernels.cpu_speed", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2, the issue's setting)")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--kernel-lengths", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--pass-length", type=int, default=4096)
+    ap.add_argument("--layer-lengths", type=int, nargs="+", default=[256, 512, 1024, 4096])
+    ap.add_argument("--layer-tokens", type=int, default=16384)
+    ap.add_argument("--peer-sdist", default=None, help=f"the PyPI sdist of {PEER_DIST} 0.4.0, when it is not installed")
+    ap.add_argument("--chunk-sweep", action="store_true", help="only time fwd+bwd per chunk size and (D, M)")
+    ap.add_argument("--sweep-dims", type=lambda s: tuple(int(x) for x in s.split(",")), nargs="+",
+                    default=[(32, 32), (32, 33), (64, 64), (64, 65), (128, 128)], help="D,M pairs")
+    ap.add_argument("--sweep-chunks", type=int, nargs="+", default=[16, 32, 64, 128])
+    ap.add_argument("--out-dir", default=str(REPO / "results" / "cpu_speed"))
+    args = ap.parse_args(argv)
+    for name in ("threads", "rounds", "pass_length", "layer_tokens"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        _run(args, argv)
+    finally:  # main() called in-process (tests) leaves torch's thread count as it found it
+        torch.set_num_threads(threads_before)
+
+
+def _run(args, argv):
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    out_dir = Path(args.out_dir)
+    base = {**provenance(torch.device("cpu")), "threads": args.threads, "dtype": "float32", "rounds": args.rounds}
+    print(f"{base['device']}, torch {base['versions']['torch']}, {args.threads} threads, load {_load()}")
+    if args.chunk_sweep:
+        rows = [{**base, **r} for r in chunk_sweep(args)]
+        name = f"chunk_sweep_{args.threads}t_{stamp}"
+    else:
+        peer_fn, note = peer(args.peer_sdist)
+        base["versions"] = {**base["versions"], PEER_DIST: note if peer_fn else None}
+        gemm = gemm_gflops(args.rounds)
+        print(f"GEMM (1024^3 fp32): {gemm:.0f} GFLOP/s")
+        rows = []
+        for part in (lambda: kernel_rows(base, args, peer_fn, note), lambda: pass_rows(base, args, gemm),
+                     lambda: layer_rows(base, args)):
+            for r in part():
+                _print(r)
+                rows.append(r)
+        rows.append(_row(base, measure="generation", method="linear-compiled", n=784, status=(
+            "not timed here: OMP_NUM_THREADS=1 python run.py task=throughput (its matvec-floor row; minutes per image)")))
+        _print(rows[-1])
+        name = f"cpu_speed_{args.threads}t_{stamp}"
+    rows = [{("pass" if k == "pass_" else k): v for k, v in r.items()} for r in rows]
+    atomic_write(out_dir / f"{name}.csv", rows_to_csv(rows))
+    atomic_write(out_dir / f"{name}.json", json.dumps({"command": "python -m repro.kernels.cpu_speed "
+                                                       + " ".join(argv if argv is not None else sys.argv[1:]),
+                                                       "rows": rows}, indent=1, default=str))
+    print(f"wrote {len(rows)} rows to {out_dir / name}.csv and .json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The chunked kernel's fused backward (repro/kernels/chunked.py) against the float64 naive
+formula on the layouts a user's code hands it: a stride-0 upstream gradient, any subset of
+needed gradients, non-contiguous and 2-D inputs, odd sizes that pad the last chunk."""
+import itertools
+
+import pytest
+import torch
+
+from repro.kernels import causal_dot_product_chunked, causal_dot_product_naive, default_chunk_size
+
+ODD = [(2, 3, 37, 5, 9), (1, 2, 70, 12, 7)]  # N not a multiple of any chunk, D != M
+
+
+def _inputs(b, h, n, d, m):
+    g = torch.Generator().manual_seed(n)
+    return [torch.randn(b, h, n, x, dtype=torch.float64, generator=g) for x in (d, d, m)]
+
+
+@pytest.mark.parametrize("shape", ODD)
+@pytest.mark.parametrize("chunk", [None, 16, 32])
+def test_sum_backward_stride0_gradient(shape, chunk):
+    """out.sum().backward() hands the kernel an expanded (stride-0) gradient."""
+    q, k, v = (x.requires_grad_() for x in _inputs(*shape))
+    causal_dot_product_chunked(q, k, v, chunk).sum().backward()
+    got = [x.grad.clone() for x in (q, k, v)]
+    want = torch.autograd.grad(causal_dot_product_naive(q, k, v).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("need", [n for n in itertools.product([False, True], repeat=3) if any(n)])
+def test_every_subset_of_gradients(need):
+    q, k, v = _inputs(*ODD[0])
+    for x, r in zip((q, k, v), need):
+        x.requires_grad_(r)
+    wrt = [x for x in (q, k, v) if x.requires_grad]
+    g = torch.randn(q.shape[:-1] + v.shape[-1:], dtype=torch.float64)
+    got = torch.autograd.grad(causal_dot_product_chunked(q, k, v, 16), wrt, g)
+    want = torch.autograd.grad(causal_dot_product_naive(q, k, v), wrt, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "2d"])
+def test_non_contiguous_and_2d_inputs(layout):
+    b, h, n, d, m = 2, 3, 41, 6, 4
+    if layout == "transposed":  # (B, N, H, D) projections seen as (B, H, N, D)
+        q, k, v = (torch.randn(b, n, h, x, dtype=torch.float64).transpose(1, 2) for x in (d, d, m))
+    else:  # one sequence, no batch dims
+        q, k, v = (torch.randn(n, x, dtype=torch.float64) for x in (d, d, m))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out = causal_dot_product_chunked(q, k, v, 16)
+    ref = causal_dot_product_naive(q, k, v)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(ref)
+    for a, r in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+
+
+def test_cpu_chunk_table():
+    """CPU takes the measured table (repro/kernels/chunked.py CPU_CHUNKS); other devices and
+    sizes beyond the table keep the power of two nearest sqrt(D M)."""
+    assert [default_chunk_size(d, d, cpu=True) for d in (8, 16, 32, 64, 128)] == [32, 32, 64, 64, 64]
+    assert default_chunk_size(32, 33, cpu=True) == 64 and default_chunk_size(256, 256, cpu=True) == 256
+    assert default_chunk_size(32, 32) == 32 and default_chunk_size(128, 128) == 128
+
+
+@pytest.mark.parametrize("threads", [1, 2])  # 2: the groups run on two Python threads
+@pytest.mark.parametrize("n", [37, 48])  # padded (results copied into place) / whole chunks (written in place)
+@pytest.mark.parametrize("need", [(True, True, True), (False, True, False)])
+def test_row_groups_match_naive(monkeypatch, need, n, threads):
+    """CPU runs take the sequences in groups of about GROUP_CHUNKS chunks; a small GROUP_CHUNKS
+    makes several groups, with a partial last one (7 rows, 3 per group)."""
+    from repro.kernels import chunked
+
+    monkeypatch.setattr(chunked, "GROUP_CHUNKS", 9)  # N = 37 or 48 at C = 16: 3 chunks per row, 3 rows per group
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert len(chunked._row_groups(7, n, 16, torch.device("cpu"))) == 3
+        q, k, v = _inputs(1, 7, n, 5, 9)
+        for x, r in zip((q, k, v), need):
+            x.requires_grad_(r)
+        wrt = [x for x in (q, k, v) if x.requires_grad]
+        out = causal_dot_product_chunked(q, k, v, 16)
+        ref = causal_dot_product_naive(q, k, v)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        g = torch.randn_like(ref)
+        for a, b in zip(torch.autograd.grad(out, wrt, g), torch.autograd.grad(ref, wrt, g)):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        assert torch.get_num_threads() == threads  # restored after the groups ran
+    finally:
+        torch.set_num_threads(before)

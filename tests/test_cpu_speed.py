@@ -1,0 +1,40 @@
+"""python -m repro.kernels.cpu_speed end to end on tiny sizes (no timing asserted): every
+measure of issue 18's table gets a row in the CSV and JSON, the peer's row says why it is
+missing when fast-transformers is not importable, and bad input is one line."""
+import json
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from repro.kernels import cpu_speed
+
+TINY = ["--threads", "1", "--rounds", "1", "--kernel-lengths", "40", "--pass-length", "64",
+        "--layer-lengths", "16", "--layer-tokens", "32"]
+
+
+def test_every_row_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "fast_transformers", None)  # not importable, whatever is installed
+    monkeypatch.setitem(sys.modules, "fast_transformers.causal_product", None)
+    threads = torch.get_num_threads()
+    cpu_speed.main([*TINY, "--out-dir", str(tmp_path)])
+    assert torch.get_num_threads() == threads  # set for the run only
+    (csv,), (js,) = tmp_path.glob("cpu_speed_1t_*.csv"), tmp_path.glob("cpu_speed_1t_*.json")
+    rows = pd.read_csv(csv)
+    assert set(rows.measure) == {"kernel_vs_peer", "forward", "backward_dense", "backward_sum", "layer", "generation"}
+    peer = rows[rows.method == "fast_transformers"].iloc[0]
+    assert peer.status.startswith("missing: fast_transformers not importable")
+    ok = rows[rows.status == "ok"]
+    assert (ok.ms > 0).all() and set(ok[ok.measure == "layer"].method) == {"linear", "softmax"}
+    doc = json.loads(js.read_text())
+    assert doc["command"].startswith("python -m repro.kernels.cpu_speed")
+    assert all(len(r["load_avg_1_5_15"]) == 3 and r["threads"] == 1 and r["git_sha"] for r in doc["rows"])
+    assert "speedup_vs_softmax" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="--rounds=0: must be >= 1"):
+        cpu_speed.main(["--rounds", "0", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--peer-sdist .*nope.tar.gz: no such file"):
+        cpu_speed.main([*TINY, "--peer-sdist", str(tmp_path / "nope.tar.gz"), "--out-dir", str(tmp_path)])
