@@ -37,6 +37,7 @@ import torch
 
 from ..results import REPO, atomic_write, provenance, rows_to_csv
 from .chunked import causal_dot_product_chunked, default_chunk_size
+from .peers import ft_autograd
 
 PEER = "fast_transformers"
 PEER_DIST = "pytorch-fast-transformers"
@@ -61,27 +62,6 @@ def interleaved(fns: dict, rounds: int, warmup: int = 1) -> dict:
     return {name: (statistics.median(ts), ts) for name, ts in times.items()}
 
 
-class _PeerProduct(torch.autograd.Function):
-    """fast-transformers' own CausalDotProduct (fast_transformers/causal_product/__init__.py,
-    0.4.0), over its CPU extension built from the sdist."""
-
-    ext = None
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        ctx.save_for_backward(q, k, v)
-        out = torch.zeros(*q.shape[:-1], v.shape[-1])
-        _PeerProduct.ext.causal_dot_product(q, k, v, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v = ctx.saved_tensors
-        gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        _PeerProduct.ext.causal_dot_backward(q, k, v, g, gq, gk, gv)
-        return gq, gk, gv
-
-
 def build_peer(sdist: Path):
     """Compile only the CPU causal product of the authors' sdist (torch's JIT extension builder,
     cached under ~/.cache/torch_extensions; about a minute the first time on this machine)."""
@@ -94,9 +74,8 @@ def build_peer(sdist: Path):
         if not names:
             raise SystemExit(f"--peer-sdist {sdist}: no {member} inside; expected the PyPI sdist of {PEER_DIST} 0.4.0")
         tar.extractall(src_dir, members=names, filter="data")
-    _PeerProduct.ext = load("fast_transformers_causal_product_cpu", [str(src_dir / names[0].name)],
-                            extra_cflags=["-O3", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"])
-    return _PeerProduct.apply
+    return ft_autograd(load("fast_transformers_causal_product_cpu", [str(src_dir / names[0].name)],
+                            extra_cflags=["-O3", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"]))
 
 
 def peer(sdist: str | None):

@@ -60,24 +60,26 @@ def extract_ft_source(sdist, dest=BUILD):
     return out
 
 
-class _FTCausalDotProduct(torch.autograd.Function):
-    """fast_transformers.causal_product.CausalDotProduct, on the module built here: the kernels
-    write into zero-filled outputs the caller allocates."""
-    ext = None
+def ft_autograd(ext):
+    """fn(q, k, v) -> out: fast_transformers.causal_product.CausalDotProduct over an extension
+    built here (its CUDA or its CPU kernel): the kernels write into zero-filled outputs the
+    caller allocates."""
+    class FTCausalDotProduct(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            out = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
+            ext.causal_dot_product(q, k, v, out)
+            return out
 
-    @staticmethod
-    def forward(ctx, q, k, v):
-        ctx.save_for_backward(q, k, v)
-        out = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
-        _FTCausalDotProduct.ext.causal_dot_product(q, k, v, out)
-        return out
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v = ctx.saved_tensors
+            gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+            ext.causal_dot_backward(q, k, v, g.contiguous(), gq, gk, gv)
+            return gq, gk, gv
 
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v = ctx.saved_tensors
-        gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        _FTCausalDotProduct.ext.causal_dot_backward(q, k, v, g.contiguous(), gq, gk, gv)
-        return gq, gk, gv
+    return FTCausalDotProduct.apply
 
 
 def _ninja_on_path():
@@ -117,13 +119,13 @@ def fast_transformers(sdist=None, verbose=False) -> Peer:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
         build = BUILD / f"sm{major}{minor}"
         build.mkdir(parents=True, exist_ok=True)
-        _FTCausalDotProduct.ext = cpp_extension.load(
+        ext = cpp_extension.load(
             name=f"ft_causal_product_cuda_sm{major}{minor}", sources=[str(src)], build_directory=str(build),
             extra_cuda_cflags=["-O3"], verbose=verbose)
     except Exception as err:  # a compiler error: the row says so, the benchmark goes on
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
         return Peer(None, f"missing: building causal_product_cuda.cu failed ({first[:200]})")
-    return Peer(_FTCausalDotProduct.apply, dtypes=(torch.float32,))
+    return Peer(ft_autograd(ext), dtypes=(torch.float32,))
 
 
 def fla_chunk() -> Peer:
