@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 
+from repro.attention.linear import LinearAttention
 from repro.kernels import causal_dot_product_chunked, causal_dot_product_naive, default_chunk_size
 
 ODD = [(2, 3, 37, 5, 9), (1, 2, 70, 12, 7)]  # N not a multiple of any chunk, D != M
@@ -91,3 +92,42 @@ def test_row_groups_match_naive(monkeypatch, need, n, threads):
         assert torch.get_num_threads() == threads  # restored after the groups ran
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_host_threads_respect_inference_mode_and_per_thread_modes(two_threads):
+    """The row groups run on host threads only in plain eager mode: inference_mode reaches the
+    workers, and a dispatch mode (FlopCounterMode) sees every matmul instead of none."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer = LinearAttention(d_model=64, n_heads=4)
+    x = torch.randn(4, 300, 64)
+    with torch.no_grad():
+        ref = layer(x, causal=True)
+    with torch.inference_mode():
+        assert torch.equal(layer(x, causal=True), ref)
+    q, k, v = (torch.randn(8, 4, 1000, 16) for _ in range(3))
+    with FlopCounterMode(display=False) as counter:
+        causal_dot_product_chunked(q, k, v)
+    c = default_chunk_size(16, 16, cpu=True)
+    assert counter.get_total_flops() >= 2 * 32 * 1000 * c * 16  # at least the intra-chunk scores
+
+
+def test_the_layer_compiles_as_one_graph(two_threads):
+    torch._dynamo.reset()
+    layer = LinearAttention(d_model=64, n_heads=4)
+    x = torch.randn(2, 300, 64, requires_grad=True)
+    compiled = torch.compile(lambda x: layer(x, causal=True), backend="aot_eager", fullgraph=True)
+    out = compiled(x)
+    (grad,) = torch.autograd.grad(out.square().sum(), x)
+    ref = layer(x, causal=True)
+    (ref_grad,) = torch.autograd.grad(ref.square().sum(), x)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad, ref_grad)

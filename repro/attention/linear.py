@@ -32,9 +32,9 @@ def _acc(dtype):
 
 
 class _Normalise(torch.autograd.Function):
-    """[num | den] (B, H, N, M + 1) -> num / (den + eps) (B, H, N, M). Its backward writes the
-    gradient of [num | den] as one tensor in two passes (autograd's slice and division would
-    zero-fill two full-size gradients, add them and take five elementwise passes):
+    """[num | den] (B, H, N, M + 1) -> num / (den + eps) (B, H, N, M). Its backward builds the
+    gradient of [num | den] as one tensor (autograd's slice and division would zero-fill two
+    full-size gradients, add them and take five elementwise passes):
         d num = g / (den + eps),  d den = -sum_m g_m num_m / (den + eps)^2 = -sum_m (d num)_m y_m."""
 
     @staticmethod
@@ -48,10 +48,8 @@ class _Normalise(torch.autograd.Function):
     @once_differentiable  # as the causal product beneath it
     def backward(ctx, g):
         y, inv = ctx.saved_tensors
-        grad = y.new_empty(y.shape[:-1] + (y.shape[-1] + 1,))  # (B, H, N, M + 1)
-        d_num = torch.mul(g, inv, out=grad[..., :-1])
-        torch.sum(d_num * y, -1, keepdim=True, out=grad[..., -1:]).neg_()
-        return grad, None
+        d_num = g * inv  # (B, H, N, M)
+        return torch.cat([d_num, (d_num * y).sum(-1, keepdim=True).neg_()], -1), None  # (B, H, N, M + 1)
 
 
 @dataclass

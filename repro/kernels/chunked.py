@@ -78,10 +78,11 @@ def _into(out, c):
 
 
 def _place(res, like, n, out):
-    """res (L, C, X) -> (..., N, X), in out when one is given."""
+    """res (L, C, X) -> (..., N, X), in out when one is given (res already is out's view when
+    _into gave one: N a multiple of C)."""
     if out is None:
         return _merge(res, like, n)
-    if res.data_ptr() != out.data_ptr():
+    if out.shape[-2] % res.shape[1]:  # N not a multiple of C: res is a padded buffer of its own
         out.copy_(_merge(res, like, n))
     return out
 
@@ -112,8 +113,12 @@ def _chunk_states(x, n_chunks, reverse=False):
     out = torch.empty_like(x)
     order = list(reversed(range(n_chunks))) if reverse else list(range(n_chunks))
     out[:, order[0]].zero_()
+    compiling = torch.compiler.is_compiling()  # dynamo takes no out= into a strided view
     for prev, i in zip(order, order[1:]):
-        torch.add(out[:, prev], x[:, prev], out=out[:, i])
+        if compiling:
+            out[:, i] = out[:, prev] + x[:, prev]
+        else:
+            torch.add(out[:, prev], x[:, prev], out=out[:, i])
     return out.flatten(0, 1)
 
 
@@ -163,10 +168,18 @@ GROUP_CHUNKS = 128
 
 def _row_groups(n_rows, n, c, device):
     """Slices of the rows (sequences) that are computed together."""
-    if device.type != "cpu":
+    if device.type != "cpu" or not _may_use_threads():
         return [slice(0, n_rows)]  # GPUs want the whole batch in each launch
     per = max(1, min(GROUP_CHUNKS // -(-n // c), -(-n_rows // torch.get_num_threads())))
     return [slice(i, i + per) for i in range(0, n_rows, per)]
+
+
+def _may_use_threads() -> bool:
+    """Host threads only in plain eager mode: torch.compile's tracing, dispatch and function
+    modes (FakeTensorMode, FlopCounterMode, make_fx) are per thread, so work done on other
+    threads would escape them (wrong traces, uncounted FLOPs)."""
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+                or torch._C._len_torch_function_stack())
 
 
 _POOLS = {}  # (pid, threads) -> executor; keyed by pid so a forked child never waits on its parent's threads
@@ -181,18 +194,18 @@ def _run_groups(work, groups):
     1.56-2.05x (B 1, H 8, N 1024, D = M = 64), 1.33-1.73x (N 4096), 2.21-2.35x (B 64, N 256, D 32,
     M 33) faster. torch's thread count is process state: it reads 1 while the groups run and is
     restored after (grad mode is per thread, so the workers disable it themselves)."""
-    threads = torch.get_num_threads()
-    if threads == 1 or len(groups) == 1 or torch.compiler.is_compiling():
-        # (tracing modes such as torch.compile's fake tensors are per thread: trace in this one)
+    if len(groups) == 1 or not _may_use_threads() or (threads := torch.get_num_threads()) == 1:
         for rows in groups:
             work(rows)
         return
     key = (os.getpid(), threads)
     pool = _POOLS.get(key) or _POOLS.setdefault(key, ThreadPoolExecutor(threads, thread_name_prefix="causal_dot"))
 
+    inference = torch.is_inference_mode_enabled()  # per thread too: the outputs may be inference tensors
+
     def run(rows):
         torch.set_num_threads(1)
-        with torch.no_grad():
+        with torch.inference_mode(inference), torch.no_grad():  # this order: inference_mode(False) enables grad
             work(rows)
 
     torch.set_num_threads(1)
