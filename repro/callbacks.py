@@ -15,7 +15,12 @@ class AggregateSweep(Callback):
     def on_multirun_start(self, config, **kwargs):
         # run.py fixed hydra.sweep.dir before Hydra started (repro.cli.preflight): every job,
         # in whatever process or node a launcher runs it, writes under this one dir.
-        print(f"sweep dir: {Path(config.hydra.sweep.dir).resolve()}", flush=True)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        print(f"sweep dir: {sweep_dir.resolve()}", flush=True)
+        from . import jobs  # an earlier sweep into this dir: its failures are not this sweep's
+
+        for failed in sweep_dir.glob(f"*/{jobs.FAILED_FILE}"):
+            failed.unlink(missing_ok=True)
 
     def on_job_start(self, config, **kwargs):
         from hydra.core.hydra_config import HydraConfig

@@ -16,7 +16,7 @@ dir. Resolved once here and passed on as an override, it is the same in every jo
 import difflib
 import re
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config import CONF_DIR, ConfigError, group_options
 
@@ -27,7 +27,7 @@ UNITS = ("_s", "_ms", "_mb", "_gb")  # a quantity in units is a number, even whe
 
 
 def is_multirun(argv) -> bool:
-    return any(a in ("-m", "--multirun") for a in argv)
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
 
 
 def check_group_choices(argv):
@@ -68,9 +68,12 @@ def _keys(node, prefix="") -> list[str]:
 def _has_key(cfg, key: str) -> bool:
     node = cfg
     for part in key.split("."):
-        if not isinstance(node, DictConfig) or part not in node.keys():
+        if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
+            node = node._get_node(int(part))  # a list item: trainer.scheduler.milestones.0=100
+        elif isinstance(node, DictConfig) and part in node.keys():
+            node = node._get_node(part)
+        else:
             return False
-        node = node._get_node(part)
     return True
 
 
@@ -139,8 +142,8 @@ def preflight(argv: list[str], pin_sweep_dir: bool = True) -> list[str]:
         try:
             preset = _load(loader, [f"{o.get_key_element()}={_values(o)[0]}" if o.is_sweep_override()
                                     else o.input_line for o in groups], multirun=False)
-        except HydraException:
-            return argv  # Hydra's own message says what is wrong
+        except HydraException:  # Hydra's own message says what is wrong (or a glob() sweep it expands itself)
+            return _pinned(argv, loader, overrides) if multirun and pin_sweep_dir else argv
         for o in overrides:
             key = o.key_or_group
             if any(o is g for g in groups) or o.is_hydra_override() or o.is_add():
@@ -156,20 +159,37 @@ def preflight(argv: list[str], pin_sweep_dir: bool = True) -> list[str]:
             except Exception:  # noqa: BLE001 (an interpolation only Hydra's runtime resolves: no type to check)
                 was = None
             for value in _values(o):
+                if isinstance(value, str) and "${" in value:
+                    continue  # an interpolation: its type is known once resolved
                 why = _type_error(key, value, was)
                 if why:
                     raise ConfigError(f"{key}={value!r}: {why}")
         try:
             cfg = _load(loader, args, multirun)
         except HydraException:
-            return argv
+            return _pinned(argv, loader, overrides) if multirun and pin_sweep_dir else argv
     multirun = multirun or cfg.hydra.mode == RunMode.MULTIRUN
     if not multirun:
         from .validate import validate
 
         validate(cfg)
         return argv
-    if pin_sweep_dir:
-        sweep_dir = str(cfg.hydra.sweep.dir)  # resolves ${now:} and ${uid:}, once
-        argv = [a for a in argv if not a.startswith("hydra.sweep.dir=")] + [f"hydra.sweep.dir={_quote(sweep_dir)}"]
-    return argv
+    return _pin(argv, cfg) if pin_sweep_dir else argv
+
+
+def _pin(argv, cfg):
+    """argv with hydra.sweep.dir fixed: resolving ${now:} and ${uid:} here, once, is what puts
+    every job of a launcher's sweep (other processes, other nodes) under one dir."""
+    sweep_dir = str(cfg.hydra.sweep.dir)
+    return [a for a in argv if not a.startswith("hydra.sweep.dir=")] + [f"hydra.sweep.dir={_quote(sweep_dir)}"]
+
+
+def _pinned(argv, loader, overrides):
+    """_pin when the whole command line does not compose here (a glob() sweep, which only
+    Hydra's sweeper expands): the sweep dir from the overrides that are not sweeps."""
+    from hydra.errors import HydraException
+
+    try:
+        return _pin(argv, _load(loader, [o.input_line for o in overrides if not o.is_sweep_override()], False))
+    except HydraException:
+        return argv

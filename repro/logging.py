@@ -175,7 +175,10 @@ class _Tee:
 
     def write(self, text):
         n = self.stream.write(text)
-        *lines, self.pending = (self.pending + text).split("\n")
+        # A progress bar rewrites one line with \r for a whole run: keep only its last state, so
+        # each write costs its own length, not the bar's history.
+        *lines, tail = (self.pending + text).split("\n")
+        self.pending = tail.rsplit("\r", 1)[-1]
         for line in lines:
             line = line.rsplit("\r", 1)[-1]  # a progress bar's line: its last state
             if line.strip():

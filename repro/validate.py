@@ -24,6 +24,10 @@ def _choice(cfg, group: str) -> str | None:
     return OmegaConf.select(cfg, f"hydra.runtime.choices.{group}")
 
 
+# the model keys that count something (a dropout of 0, also an int, is not a size)
+SIZE_KEYS = {"n_layers", "d_model", "n_heads", "d_ff", "d_keys", "d_values", "hidden", "subsample", "n_mixtures"}
+
+
 def _sizes(cfg) -> DictConfig | None:
     """The model node holding the layer sizes (speech models: the node `encoder` names)."""
     m = cfg.get("model")
@@ -38,7 +42,7 @@ def validate(cfg):
         raise ConfigError(f"seed={seed!r}: expected an integer, e.g. seed=0")
     sizes = _sizes(cfg)
     for key, value in (sizes.items() if sizes is not None else []):
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        if key in SIZE_KEYS and isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise ConfigError(f"model.{key}={value}: must be a positive integer")
     if cfg.get("attention") is None or sizes is None or "d_model" not in sizes or "n_heads" not in sizes:
         return

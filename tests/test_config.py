@@ -114,3 +114,13 @@ def test_nearest_key_prefers_the_same_name(compose_cfg):
     assert nearest_key(cfg, "trainer.lr") == "trainer.optimizer.lr"
     assert nearest_key(cfg, "trainer.max_step") == "trainer.max_steps"
     assert nearest_key(cfg, "model.zzzz_qqq") is None
+
+
+@pytest.mark.parametrize("override", ["trainer.eval_every=${trainer.max_steps}", "trainer.scheduler.milestones.0=100",
+                                      "model.dropout=0", "model.dropout=0.0"])
+def test_valid_overrides_that_look_odd_pass_the_command_line_check(override):
+    """An interpolation, a list item and a zero dropout are the user's to set (they were refused)."""
+    from repro.cli import preflight
+
+    argv = ["experiment=smoke_copy", override]
+    assert preflight(argv) == argv

@@ -99,3 +99,50 @@ def test_a_command_failing_after_its_run_dir_was_made_removes_it(tmp_path):
     proc = hydra_run(tmp_path, "task=asr", "model=wsj_tiny", "task.source=kaldi", check=False)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: task.source=kaldi needs task.train_dir", proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_a_sweep_run_again_into_its_dir_resumes_its_jobs_and_forgets_old_failures(tmp_path):
+    """An interrupted sweep is continued by running its command again: each job with a checkpoint
+    goes on from it (here: finished, so nothing to train), and the failures recorded by an
+    earlier sweep into the same dir are not this one's."""
+    tiny = [a for a in TINY if not a.startswith("trainer.checkpoint=")]
+    first = hydra_run(tmp_path, "-m", "hydra.sweep.dir=sw", *tiny, "attention=linear,linformer", check=False)
+    assert first.returncode == 1 and (tmp_path / "sw/1/failed.json").is_file()
+    again = hydra_run(tmp_path, "-m", "hydra.sweep.dir=sw", *tiny, "attention=linear")
+    assert "this sweep job has a checkpoint; resuming it" in again.stdout
+    assert "failed" not in again.stderr and not (tmp_path / "sw/1/failed.json").exists()
+
+
+def test_the_sweep_dir_is_pinned_when_hydra_alone_can_expand_the_sweep(tmp_path):
+    """A glob() sweep, or hydra.mode=MULTIRUN without -m, still gets one fixed sweep dir."""
+    from repro.cli import preflight
+
+    for argv in (["-m", *TINY, "attention=glob(linear)"], ["hydra.mode=MULTIRUN", *TINY, "seed=0,1"]):
+        pinned = [a for a in preflight(argv) if a.startswith("hydra.sweep.dir=")]
+        assert len(pinned) == 1 and "${" not in pinned[0], argv
+
+
+def test_the_job_log_keeps_a_progress_bar_as_its_last_state():
+    """run.log's tee holds only the bar's current state between writes (it used to keep the
+    whole \\r history: quadratic time over a long run)."""
+    import io
+    import logging
+
+    from repro.logging import _Tee
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    handler = Lines()
+    tee = _Tee(io.StringIO(), "stdout", logging.INFO, [handler])
+    for i in range(5000):
+        tee.write(f"\r{i:5d}/5000 |{'#' * (i % 40):40s}|")
+        assert len(tee.pending) < 60
+    tee.write("\nplain line\nhalf")
+    tee.write(" a line\n")
+    assert handler.lines == [f" 4999/5000 |{'#' * 39:40s}|", "plain line", "half a line"]

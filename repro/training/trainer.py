@@ -39,7 +39,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
-from ..config import ConfigError, parse_device
+from ..config import ConfigError, in_multirun, parse_device
 from ..logging import NullLogger, make_logger
 from ..results import provenance
 from . import distributed as ddp
@@ -59,7 +59,13 @@ class Trainer:
         t = self.t = cfg.trainer
         validate(t)
         self.cfg, self.run_dir, self.device = cfg, Path(run_dir), parse_device(cfg.device)
-        check_run_dir(self.run_dir, t.resume)
+        self.resume_from = t.resume
+        if not t.resume and in_multirun() and (self.run_dir / LAST).is_file():
+            # a sweep run again into its own dir (one that was interrupted, say): each job goes on
+            # from its checkpoint (a finished one trains nothing; a changed config is refused)
+            print(f"{self.run_dir}: this sweep job has a checkpoint; resuming it", flush=True)
+            self.resume_from = str(self.run_dir)
+        check_run_dir(self.run_dir, self.resume_from)
         set_threads(t.threads, self.device)
         self._join_processes()
         if self.distributed and getattr(train_data, "world_size", 1) == 1:
@@ -111,10 +117,10 @@ class Trainer:
     def resume(self):
         """Restore everything trainer.resume's checkpoint holds (nothing without one)."""
         t = self.t
-        if not t.resume:
+        if not self.resume_from:
             self.rng = rng_state()
             return
-        ckpt = load_checkpoint(t.resume)
+        ckpt = load_checkpoint(self.resume_from)
         check_fingerprint(ckpt, self.fingerprint)
         for name, obj in [("model", self.model), ("optimizer", self.optimizer), ("data", self.train_data)] + \
                          ([("scheduler", self.scheduler)] if self.scheduler is not None else []):
