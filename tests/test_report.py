@@ -224,7 +224,7 @@ def gpu_results(root):
         pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": bpd}]).to_csv(
             mnist / "bpd_final.csv", index=False)
         (mnist / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": gpu, "kind": "final"}) + "\n")
-        pd.DataFrame([{"attention": a, "step": s, "train_seconds": s * 0.01, "eval_bpd": b, "device": gpu}
+        pd.DataFrame([{"attention": a, "step": s, "elapsed_s": s * 0.01, "eval_bpd": b, "device": gpu}
                       for a, s, b in (("linear", 250, 1.4), ("linear", 500, 1.1), ("softmax", 250, 1.6))]).to_csv(
             mnist / "bpd_vs_time.csv", index=False)
         (mnist / "bpd_vs_time.png").write_bytes(b"\x89PNG fake")

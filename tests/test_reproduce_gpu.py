@@ -44,6 +44,7 @@ def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
     # the report's readers take the GPU folders as they take the CPU ones
     text = report.build(out, tmp_path / "REPORT.md")
     assert "### figure1" in text and "### copy" in text and "### speech" in text
+    assert "### Table 1, MNIST: held-out bits/dim against training time (mnist)" in text  # step 6's bpd_vs_time.csv
     table1 = text[text.index("### Table 1"):text.index("### Table 2")]
     # our bits/dim beside the paper's (the value moves with how far 3 s of training gets)
     assert re.search(r"\| linear \| 0\.644 \| \d+\.\d+ \|", table1), table1
