@@ -17,6 +17,7 @@ class AttentionLayer(nn.Module):
     """
 
     recurrent = False
+    fused_qkv_refreshed = False  # set by repro.training.parts.compile_step, which refreshes _qkv
 
     def __init__(self, d_model: int, n_heads: int, d_keys: int | None = None, d_values: int | None = None):
         super().__init__()
@@ -62,14 +63,17 @@ class AttentionLayer(nn.Module):
                                       f"generate with it by re-running the prefix")
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"{type(self).__name__}.step: x must be (B, d_model={self.d_model}); got {tuple(x.shape)}")
-        # Training through the step (autograd as usual), or traced by torch.compile (the fused
-        # weight cache is keyed on data pointers, which dynamo cannot trace): plain modules.
-        # Generation: one matmul for q, k and v; per-token cost is mostly per-op overhead there,
-        # and addmm on a transposed weight is also a faster kernel than F.linear at batch 1.
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        # Training through the step (autograd as usual): plain modules. Generation: one matmul
+        # for q, k and v; per-token cost is mostly per-op overhead there, and addmm on a
+        # transposed weight is also a faster kernel than F.linear at batch 1. Traced by
+        # torch.compile, the fused weights' cache (keyed on data pointers, which dynamo cannot
+        # trace) is read as it stands only where compile_step's wrapper refreshes it before every
+        # generation (fused_qkv_refreshed); elsewhere the compiled step uses the plain modules.
+        compiling = torch.compiler.is_compiling()
+        if torch.is_grad_enabled() or (compiling and not self.fused_qkv_refreshed):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
-            w, b = self._fused_qkv()
+            w, b = self._qkv if compiling else self._fused_qkv()
             hd, hm = self.n_heads * self.d_keys, self.n_heads * self.d_values
             q, k, v = torch.addmm(b, x, w).split([hd, hd, hm], -1)  # (B, 2 H D + H M)
         y, state = self.attend_step(q.unflatten(-1, (self.n_heads, self.d_keys)),

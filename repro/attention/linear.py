@@ -56,9 +56,10 @@ class _Normalise(torch.autograd.Function):
 class LinearState:
     S: torch.Tensor  # (B, H, F, M)
     Z: torch.Tensor  # (B, H, F)
-    # On CPU, S and Z are views of one buffer SZ (B, H, F, M + 1) with Z as its last column, so
-    # one batched outer product with [v, 1] updates both and one matmul with phi(q) gives the
-    # numerator and the normaliser together; v1 holds [v, 1] between steps.
+    # On CPU, S and Z are views of one buffer SZ = [S | Z]^T (B, H, M + 1, F) with Z as its last
+    # row, so one batched outer product with [v, 1] updates both and one product with phi(q)
+    # gives the numerator and the normaliser together; v1 holds [v, 1] between steps. F is the
+    # contiguous axis: compiled, the update and the readout are loops over rows of F values.
     SZ: torch.Tensor | None = None
     v1: torch.Tensor | None = None
 
@@ -106,8 +107,9 @@ class LinearAttention(AttentionLayer):
                 state = LinearState(q.new_zeros(*q.shape, v.shape[-1], dtype=acc), q.new_zeros(q.shape, dtype=acc))
             else:
                 b, h, f, m = *q.shape, v.shape[-1]
-                sz = q.new_zeros(b, h, f, m + 1, dtype=acc)
-                state = LinearState(sz[..., :m], sz[..., m], sz, q.new_ones(b, h, 1, m + 1, dtype=acc))
+                sz = q.new_zeros(b, h, m + 1, f, dtype=acc)
+                state = LinearState(sz[..., :m, :].transpose(-1, -2), sz[..., m, :], sz,
+                                    q.new_ones(b, h, m + 1, 1, dtype=acc))
         if state.SZ is not None:
             return self._fused_step(q, k, v, state), state
         if cb := _cupy_if("step_unsupported_reason", q, k, v, state.S, state.Z):
@@ -121,11 +123,19 @@ class LinearAttention(AttentionLayer):
         return (num / (den + self.eps)).to(dtype), state
 
     def _fused_step(self, q, k, v, state: LinearState):
-        """The RNN step in four ops: [S | Z] += phi(k) [v, 1]^T; [num | den] = phi(q)^T [S | Z]."""
-        b, h, f, m1 = state.SZ.shape
+        """The RNN step on [S | Z]^T: [S | Z]^T += [v, 1] phi(k)^T; [num | den] = [S | Z]^T phi(q)."""
+        b, h, m1, f = state.SZ.shape
         acc = state.SZ.dtype
-        sz = state.SZ.view(b * h, f, m1)
-        state.v1[..., 0, :-1].copy_(v)  # [v, 1], cast to the accumulation dtype
-        sz.baddbmm_(k.reshape(b * h, f, 1).to(acc), state.v1.view(b * h, 1, m1))
-        out = torch.bmm(q.reshape(b * h, 1, f).to(acc), sz).view(b, h, m1)  # (B, H, M + 1)
+        if torch.compiler.is_compiling():
+            # Compiled, the same as elementwise loops over the state (B H (M + 1) F values) that
+            # inductor fuses with phi and the division into one kernel; batched matmuls of
+            # these sizes would be separate library calls around it.
+            v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1).to(acc)  # (B, H, M + 1)
+            state.SZ.add_(v1[..., :, None] * k.to(acc)[..., None, :])
+            out = (state.SZ * q.to(acc)[..., None, :]).sum(-1)  # (B, H, M + 1)
+        else:
+            sz = state.SZ.view(b * h, m1, f)
+            state.v1[..., :-1, 0].copy_(v)  # [v, 1], cast to the accumulation dtype
+            sz.baddbmm_(state.v1.view(b * h, m1, 1), k.reshape(b * h, 1, f).to(acc))
+            out = torch.bmm(sz, q.reshape(b * h, f, 1).to(acc)).view(b, h, m1)  # (B, H, M + 1)
         return (out[..., :-1] / (out[..., -1:] + self.eps)).to(v.dtype)

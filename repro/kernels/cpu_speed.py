@@ -17,7 +17,10 @@ Rows (B = 1, H = 8, D = M = 64, fp32 unless said):
   layer            one causal attention layer (d_model 256, 8 heads x 32, projections included),
                    forward + backward on 16,384 tokens (B = 16384 / N), linear against softmax
                    through SDPA, N = 256, 512, 1024, 4096
-  generation       not timed here (minutes per image): a row pointing at task=throughput
+  generation       batch-1 generation of one image through the compiled linear step (sampling
+                   included) against the matvec floor of the same model (its matrix products
+                   alone: every weight read once per token), MNIST and CIFAR-10 sizes, one
+                   image of each, interleaved, --generation-rounds times
 Every row carries the load average when it was measured, the threads, device, versions and git
 SHA; rows go to results/cpu_speed/cpu_speed_<threads>t_<time>.{csv,json} (atomic writes).
 """
@@ -40,6 +43,7 @@ from .chunked import causal_dot_product_chunked, default_chunk_size
 from .peers import ft_autograd
 
 PEER = "fast_transformers"
+ROWS = ["kernel", "pass", "layer", "generation"]
 PEER_DIST = "pytorch-fast-transformers"
 
 
@@ -210,6 +214,53 @@ def layer_rows(base, args):
     return rows
 
 
+def generation_rows(base, args):
+    """Seconds per image at batch 1: the compiled linear step (repro.tasks.throughput's
+    linear-compiled method) against the same model's matvec floor, each round one whole image
+    of each, in turn."""
+    from functools import partial
+
+    import numpy as np
+    import torch._dynamo
+
+    from ..attention import LinearAttention
+    from ..models import logistic_mixture as dmol
+    from ..models.generate import generate
+    from ..models.pixels import IMAGE_SHAPES, PixelTransformer
+    from ..tasks.throughput import LAYERS, compile_generation, time_floor
+
+    cpu, rows = torch.device("cpu"), []
+    for size in args.generation_sizes:
+        torch.manual_seed(0)
+        model = PixelTransformer(partial(LinearAttention), n_layers=LAYERS[size], d_model=256, n_heads=8,
+                                 d_ff=1024, dropout=0.0).eval()
+        length = int(np.prod(IMAGE_SHAPES[size]))
+        common = dict(measure="generation", pass_="fwd", n=length, batch=1, heads=8, d=32, m=32, size=size,
+                      n_layers=LAYERS[size])
+        try:
+            compile_s = compile_generation(model, args.generation_backend, length, 1, cpu)
+        except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor without a C++ compiler
+            rows.append(_row(base, **common, method="linear-compiled",
+                             status=f"missing: compile={args.generation_backend} failed ({err})".splitlines()[0]))
+            continue
+        first = torch.zeros(1, 1, dtype=torch.long)
+        times = {"linear-compiled": [], "matvec-floor": []}
+        for _ in range(args.generation_rounds):
+            with torch.compiler.set_stance("fail_on_recompile"):
+                t = time.perf_counter()
+                generate(model, first, length, dmol.sample)
+                times["linear-compiled"].append(time.perf_counter() - t)
+            times["matvec-floor"].append(time_floor(model, length, 1, cpu, steps=length - 1)[0])
+        med = {k: statistics.median(v) for k, v in times.items()}
+        ratio = med["linear-compiled"] / med["matvec-floor"]
+        for name, ts in times.items():
+            rows.append(_row(base, **common, method=name, status="ok", ms=1e3 * med[name],
+                             times_ms=[1e3 * x for x in ts], us_per_token=1e6 * med[name] / (length - 1),
+                             **({"compile": args.generation_backend, "compile_s": compile_s, "x_floor": ratio,
+                                 "target": "<= 1.4x floor", "met": ratio <= 1.4} if name == "linear-compiled" else {})))
+    return rows
+
+
 def chunk_sweep(args):
     """fwd + bwd of the chunked kernel per chunk size, interleaved, for each (D, M): the data
     behind default_chunk_size's table."""
@@ -233,8 +284,8 @@ def _print(r):
     if r.get("status") != "ok":
         print(f"{what}  {r['status']}")
         return
-    extra = {k: r[k] for k in ("speedup_vs_peer", "speedup_vs_softmax", "x_forward", "x_dense", "matmul_gflops",
-                               "gemm_gflops", "target", "met") if k in r}
+    extra = {k: r[k] for k in ("speedup_vs_peer", "speedup_vs_softmax", "x_forward", "x_dense", "x_floor",
+                               "us_per_token", "matmul_gflops", "gemm_gflops", "target", "met") if k in r}
     extra = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
     print(f"{what}  {r['ms']:9.2f} ms  {extra}  load={r['load_avg_1_5_15'][0]:.2f}")
 
@@ -247,6 +298,11 @@ def main(argv=None):
     ap.add_argument("--pass-length", type=int, default=4096)
     ap.add_argument("--layer-lengths", type=int, nargs="+", default=[256, 512, 1024, 4096])
     ap.add_argument("--layer-tokens", type=int, default=16384)
+    ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS, help="which rows to measure (default: all)")
+    ap.add_argument("--generation-sizes", nargs="+", default=["mnist", "cifar"], choices=["mnist", "cifar"],
+                    help="image sizes for the generation rows")
+    ap.add_argument("--generation-rounds", type=int, default=5, help="images of each size, in turn with the floor")
+    ap.add_argument("--generation-backend", default="inductor", help="torch.compile backend of the generation step")
     ap.add_argument("--peer-sdist", default=None, help=f"the PyPI sdist of {PEER_DIST} 0.4.0, when it is not installed")
     ap.add_argument("--chunk-sweep", action="store_true", help="only time fwd+bwd per chunk size and (D, M)")
     ap.add_argument("--sweep-dims", type=lambda s: tuple(int(x) for x in s.split(",")), nargs="+",
@@ -254,7 +310,7 @@ def main(argv=None):
     ap.add_argument("--sweep-chunks", type=int, nargs="+", default=[16, 32, 64, 128])
     ap.add_argument("--out-dir", default=str(REPO / "results" / "cpu_speed"))
     args = ap.parse_args(argv)
-    for name in ("threads", "rounds", "pass_length", "layer_tokens"):
+    for name in ("threads", "rounds", "pass_length", "layer_tokens", "generation_rounds"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
     threads_before = torch.get_num_threads()
@@ -279,14 +335,12 @@ def _run(args, argv):
         gemm = gemm_gflops(args.rounds)
         print(f"GEMM (1024^3 fp32): {gemm:.0f} GFLOP/s")
         rows = []
-        for part in (lambda: kernel_rows(base, args, peer_fn, note), lambda: pass_rows(base, args, gemm),
-                     lambda: layer_rows(base, args)):
-            for r in part():
+        parts = {"kernel": lambda: kernel_rows(base, args, peer_fn, note), "pass": lambda: pass_rows(base, args, gemm),
+                 "layer": lambda: layer_rows(base, args), "generation": lambda: generation_rows(base, args)}
+        for part in args.rows:
+            for r in parts[part]():
                 _print(r)
                 rows.append(r)
-        rows.append(_row(base, measure="generation", method="linear-compiled", n=784, status=(
-            "not timed here: OMP_NUM_THREADS=1 python run.py task=throughput (its matvec-floor row; minutes per image)")))
-        _print(rows[-1])
         name = f"cpu_speed_{args.threads}t_{stamp}"
     rows = [{("pass" if k == "pass_" else k): v for k, v in r.items()} for r in rows]
     atomic_write(out_dir / f"{name}.csv", rows_to_csv(rows))

@@ -46,11 +46,18 @@ def bits_per_dim(nll_nats_sum, dims):
 
 @torch.no_grad()
 def sample(params, generator=None):
-    """One value in 0..255 per position. params (..., 3K) -> (...) int64."""
+    """One value in 0..255 per position. params (..., 3K) -> (...) int64.
+
+    The component is drawn by the Gumbel-max trick, argmax_k(logit_k - log(-log u_k)), an exact
+    draw from softmax(logits) that, unlike torch.multinomial, compiles into the generation
+    step's graph; then the value by the logistic's inverse CDF. One uniform draw serves both."""
     logits, mu, log_s = split_params(params)
-    k = torch.multinomial(F.softmax(logits, -1).reshape(-1, logits.shape[-1]), 1, generator=generator)
-    k = k.reshape(*logits.shape[:-1], 1)
+    rng = {} if generator is None else {"generator": generator}  # rand(generator=None) takes no symbolic sizes
+    u = torch.rand(*logits.shape[:-1], logits.shape[-1] + 1, device=logits.device, dtype=logits.dtype,
+                   **rng)  # (..., K + 1)
+    gumbel = -torch.log(-torch.log(u[..., :-1].clamp(min=torch.finfo(u.dtype).tiny)))
+    k = (logits + gumbel).argmax(-1, keepdim=True)  # (..., 1)
     mu, log_s = mu.gather(-1, k)[..., 0], log_s.gather(-1, k)[..., 0]
-    u = torch.rand(mu.shape, generator=generator, device=mu.device).clamp(1e-5, 1 - 1e-5)
+    u = u[..., -1].clamp(1e-5, 1 - 1e-5)
     x = mu + torch.exp(log_s) * (torch.log(u) - torch.log1p(-u))  # inverse CDF of the logistic
     return ((x.clamp(-1, 1) + 1) * 127.5).round().long()

@@ -30,10 +30,10 @@ from tqdm import tqdm
 
 from ..config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
 from ..models import logistic_mixture as dmol
-from ..models.generate import MODES, generate
+from ..models.generate import MODES, compile_step, generate
 from ..models.pixels import IMAGE_SHAPES, PixelTransformer
 from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
-from ..training.loop import compile_backends, compile_step
+from ..training.loop import compile_backends
 from ..training.threads import set_threads
 
 TASK_MODES = MODES + ("floor",)
@@ -54,7 +54,7 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _time_generation(model, length, batch, mode, budget, device, probes):
+def time_generation(model, length, batch, mode, budget, device, probes):
     """(total seconds, positions measured, extrapolated?, process CPU seconds) for one batch of
     images. CPU time (all this process's threads) barely moves with other processes' load on a
     shared machine, where wall time does; an extrapolated total scales it by the same ratio as
@@ -71,7 +71,7 @@ def _time_generation(model, length, batch, mode, budget, device, probes):
     _sync(device)
     began, cpu_began = time.perf_counter(), time.process_time()
     try:
-        generate(model, first, length, lambda y: dmol.sample(y), mode=mode, on_step=on_step)
+        generate(model, first, length, dmol.sample, mode=mode, on_step=on_step)
         return stamps[-1] - began, length - 1, False, time.process_time() - cpu_began
     except _OverBudget:
         cpu = time.process_time() - cpu_began
@@ -113,7 +113,7 @@ def _matrices(model):
 
 
 @torch.no_grad()
-def _time_floor(model, length, batch, device, steps=200):
+def time_floor(model, length, batch, device, steps=200):
     """(total seconds, steps timed, False, process CPU seconds, GB/s) of the matrix products of
     length - 1 steps, timed over `steps` of them: the step's cost with nothing but its weights
     read (batch rows at a time)."""
@@ -136,18 +136,18 @@ def _time_floor(model, length, batch, device, steps=200):
     return per_step * (length - 1), steps, False, cpu_per_step * (length - 1), gbps
 
 
-def _compile(model, backend, length, batch, device):
-    """Compile the model's step in place and warm it up (two short generations: the first step,
-    which builds the state, and the steady-state step each get a graph). Returns the seconds
-    spent."""
+def compile_generation(model, backend, length, batch, device):
+    """Compile the model's step, with the sampling after it, in place and warm it up (two short
+    generations: the first step, which builds the state, and the steady-state step each get a
+    graph). Returns the seconds spent."""
     # Every model's step shares one code object, and dynamo's per-code cache limit would send a
     # later method back to eager, silently, after earlier methods and sizes filled it.
     torch._dynamo.reset()
     began = time.perf_counter()
-    compile_step(model, backend)
+    compile_step(model, backend, sample_fn=dmol.sample)  # sampling inside the compiled step
     first = torch.zeros(batch, 1, dtype=torch.long, device=device)
     for _ in range(2):
-        generate(model, first, min(length, 4), lambda y: dmol.sample(y))
+        generate(model, first, min(length, 8), dmol.sample)
     _sync(device)
     return time.perf_counter() - began
 
@@ -189,14 +189,14 @@ def run(cfg) -> float:
         model = model.to(device=device, dtype=dtype).eval()
         length = int(np.prod(IMAGE_SHAPES[size]))
         try:
-            extra = {"compile": backend, "compile_s": _compile(model, backend, length, batch, device)} if backend else {}
+            extra = {"compile": backend, "compile_s": compile_generation(model, backend, length, batch, device)} if backend else {}
             load = os.getloadavg()[0]
             if mode == "floor":
-                total, measured, extrapolated, cpu, extra["weights_gb_per_s"] = _time_floor(model, length, batch, device)
+                total, measured, extrapolated, cpu, extra["weights_gb_per_s"] = time_floor(model, length, batch, device)
             else:
                 # a compiled step must not recompile (or fall back to eager) while it is timed
                 with torch.compiler.set_stance("fail_on_recompile") if backend else contextlib.nullcontext():
-                    total, measured, extrapolated, cpu = _time_generation(model, length, batch, mode, t.time_budget_s,
+                    total, measured, extrapolated, cpu = time_generation(model, length, batch, mode, t.time_budget_s,
                                                                           device, t.probes)
             result = {"status": "ok", **extra, "seconds": total, "seconds_per_image": total / batch,
                       "images_per_s": batch / total, "cpu_seconds_per_image": cpu / batch,

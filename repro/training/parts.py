@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ..config import ConfigError
+from ..models.generate import compile_step  # noqa: F401  (generation's, re-exported for the loop's users)
 from . import distributed as ddp
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,18 +66,6 @@ def compile_backends() -> list[str]:
 def compile_model(module, backend: str = "inductor", **kwargs):
     """torch.compile(module) with the backend named in the config (dynamic shapes left to torch)."""
     return torch.compile(module, backend=backend, **kwargs)
-
-
-def compile_step(model, backend: str = "inductor"):
-    """Compile a model's recurrent `step` in place (repro.models.generate then samples through
-    the compiled step). dynamic=True keeps the position symbolic, so the step is one graph for
-    every position (softmax's key/value cache compiles again each time it doubles: give it room
-    for the whole sequence with its initial_cache). The tokens are made contiguous
-    first: generation passes a column of its (B, length) buffer, whose stride would otherwise be
-    a guard, and a generation of another length a recompilation. Returns the model."""
-    compiled = torch.compile(type(model).step.__get__(model), backend=backend, dynamic=True)
-    model.step = lambda tokens, state=None: compiled(tokens.contiguous(), state)
-    return model
 
 
 def mean(values):
