@@ -165,3 +165,24 @@ def test_compile_step_with_inductor_generates_what_eager_generates():
     compile_step(model, backend="inductor", sample_fn=_greedy)
     assert torch.equal(generate(model, prefix, 12, _greedy), ref)
     assert torch.equal(generate(model, prefix, 12, _greedy), ref)
+
+
+def test_a_compiled_generation_longer_than_the_warm_up_does_not_recompile():
+    """The throughput task warms the compiled step up on two short generations (one ending in
+    a single-token tail), then times a whole image under fail_on_recompile. At batch 1 a column
+    of the (1, length) token buffer has stride (length,) and counts as contiguous, so the step
+    must not see that stride."""
+    import torch._dynamo
+    from repro.tasks.throughput import compile_generation
+    model = _tiny()
+    compile_generation(model, "eager", 784, 1, torch.device("cpu"), sample_fn=_greedy)
+    first = torch.zeros(1, 1, dtype=torch.long)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for length in (31, 30):
+            generate(model, first, length, _greedy)
+    torch._dynamo.reset()  # warmed on one length only, the buffer's stride must not be a guard
+    model = compile_step(_tiny(), backend="eager", sample_fn=_greedy)
+    for _ in range(2):
+        generate(model, first, 8, _greedy)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        generate(model, first, 30, _greedy)

@@ -11,7 +11,8 @@ import torch
 from repro.kernels import cpu_speed
 
 TINY = ["--threads", "1", "--rounds", "1", "--kernel-lengths", "40", "--pass-length", "64",
-        "--layer-lengths", "16", "--layer-tokens", "32"]
+        "--layer-lengths", "16", "--layer-tokens", "32", "--generation-sizes", "mnist", "--generation-rounds", "1",
+        "--generation-backend", "eager"]
 
 
 def test_every_row_written(tmp_path, monkeypatch, capsys):
@@ -27,6 +28,9 @@ def test_every_row_written(tmp_path, monkeypatch, capsys):
     assert peer.status.startswith("missing: fast_transformers not importable")
     ok = rows[rows.status == "ok"]
     assert (ok.ms > 0).all() and set(ok[ok.measure == "layer"].method) == {"linear", "softmax"}
+    gen = ok[ok.measure == "generation"].set_index("method")
+    assert set(gen.index) == {"linear-compiled", "matvec-floor"} and (gen.n == 784).all()
+    assert gen.x_floor["linear-compiled"] == pytest.approx(gen.ms["linear-compiled"] / gen.ms["matvec-floor"])
     doc = json.loads(js.read_text())
     assert doc["command"].startswith("python -m repro.kernels.cpu_speed")
     assert all(len(r["load_avg_1_5_15"]) == 3 and r["threads"] == 1 and r["git_sha"] for r in doc["rows"])

@@ -95,8 +95,9 @@ def compile_step(model, backend: str = "inductor", sample_fn=None, tokens_per_ca
 
     dynamic=True keeps the position symbolic, so the step is one graph for every position
     (softmax's key/value cache compiles again each time it doubles: give it room for the whole
-    sequence with its initial_cache). Tokens are made contiguous first: generation passes a
-    column of its (B, length) buffer, whose stride would otherwise be a guard.
+    sequence with its initial_cache). Tokens are copied to a fresh (B,) tensor first: generation
+    passes a column of its (B, length) buffer, whose stride (length, even where B = 1 makes it
+    "contiguous") would otherwise be a guard, and a generation of another length a recompile.
 
     The attention layers' fused q/k/v weights are rebuilt, where their parameters changed, at
     every first step (no state yet), so the compiled step reads them as they stand."""
@@ -115,7 +116,7 @@ def compile_step(model, backend: str = "inductor", sample_fn=None, tokens_per_ca
                 with torch.no_grad():
                     for layer in layers:
                         layer._fused_qkv()
-            return compiled(tokens.contiguous(), state)
+            return compiled(tokens.clone(memory_format=torch.contiguous_format), state)
         return call
 
     model.step = refreshing(torch.compile(step, backend=backend, dynamic=True, options=options))

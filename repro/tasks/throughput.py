@@ -136,18 +136,20 @@ def time_floor(model, length, batch, device, steps=200):
     return per_step * (length - 1), steps, False, cpu_per_step * (length - 1), gbps
 
 
-def compile_generation(model, backend, length, batch, device):
-    """Compile the model's step, with the sampling after it, in place and warm it up (two short
-    generations: the first step, which builds the state, and the steady-state step each get a
-    graph). Returns the seconds spent."""
+def compile_generation(model, backend, length, batch, device, sample_fn=dmol.sample):
+    """Compile the model's step, with the sampling after it, in place and warm it up. Two short
+    generations give every graph a generation uses its first and, where positions 0 and 1 were
+    specialized, its general compile: the first step (which builds the state), the steady
+    several-token step, and the one-token step of a tail (the second is one token longer).
+    Returns the seconds spent."""
     # Every model's step shares one code object, and dynamo's per-code cache limit would send a
     # later method back to eager, silently, after earlier methods and sizes filled it.
     torch._dynamo.reset()
     began = time.perf_counter()
-    compile_step(model, backend, sample_fn=dmol.sample)  # sampling inside the compiled step
+    compile_step(model, backend, sample_fn=sample_fn)  # sampling inside the compiled step
     first = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    for _ in range(2):
-        generate(model, first, min(length, 8), dmol.sample)
+    for n in (8, 9):
+        generate(model, first, min(length, n), sample_fn)
     _sync(device)
     return time.perf_counter() - began
 
