@@ -131,3 +131,27 @@ def test_the_layer_compiles_as_one_graph(two_threads):
     (ref_grad,) = torch.autograd.grad(ref.square().sum(), x)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(grad, ref_grad)
+
+
+def test_the_forward_keeps_its_chunk_states_for_grad_q_only_when_it_will_be_needed(monkeypatch):
+    """grad q reuses the forward's chunk states (the backward then runs one state scan, the
+    reverse one, instead of two); nothing is kept under no_grad or when q needs no gradient.
+    The gradients themselves are checked against the naive formula above."""
+    from repro.kernels import chunked
+
+    kept, scans = [], []
+    grouped, scan = chunked._grouped_forward, chunked._chunk_states
+    monkeypatch.setattr(chunked, "_grouped_forward", lambda *a, **kw: kept.append(kw["keep_states"]) or grouped(*a, **kw))
+    monkeypatch.setattr(chunked, "_chunk_states", lambda *a, **kw: scans.append(kw.get("reverse", False)) or scan(*a, **kw))
+    q, k, v = (x.requires_grad_() for x in _inputs(*ODD[0]))
+    with torch.no_grad():
+        causal_dot_product_chunked(q, k, v, 16)
+    causal_dot_product_chunked(q.detach(), k, v, 16)
+    out = causal_dot_product_chunked(q, k, v, 16)
+    assert kept == [False, False, True]
+    scans.clear()
+    got = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert scans and all(scans)  # the reverse state only (once per group of rows)
+    want = torch.autograd.grad(causal_dot_product_naive(q, k, v).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -122,20 +122,26 @@ def _chunk_states(x, n_chunks, reverse=False):
     return out.flatten(0, 1)
 
 
-def _forward(q, k, v, c, out=None):
+def _forward(q, k, v, c, out=None, states=None):
+    """The causal product; with states (L, D, M), the state before each chunk is kept there
+    for the backward (grad q needs it: the size of q when C = M, and a matmul and a scan
+    fewer in the backward)."""
     n = q.shape[-2]
     nc = -(-n // c)
     qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (L, C, D|M)
     scores = torch.bmm(qc, kc.mT).tril_()  # (L, C, C): q_i . k_j for j <= i inside the chunk
     s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M): sum of k_j v_j^T over earlier chunks
+    if states is not None:
+        states.copy_(s)
     res = torch.bmm(scores, vc, out=_into(out, c)).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
     return _place(res, v, n, out)
 
 
-def _backward(q, k, v, g, c, need, outs=(None, None, None)):
+def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None):
     """All three gradients from shared pieces (A = tril(g v^T) serves grad q and, transposed,
     grad k; one reverse state R = sum q_j g_j^T serves grad k (as R^T) and grad v); each
-    gradient is one bmm plus one in-place baddbmm_, with no separate add pass."""
+    gradient is one bmm plus one in-place baddbmm_, with no separate add pass. states: the
+    forward's chunk states, recomputed when not given."""
     n = q.shape[-2]
     nc = -(-n // c)
     # _split makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
@@ -145,7 +151,7 @@ def _backward(q, k, v, g, c, need, outs=(None, None, None)):
     if need[0] or need[1]:
         a = torch.bmm(gc, vc.mT).tril_()  # (L, C, C): a[i, j] = g_i . v_j, j <= i
     if need[0]:  # grad q_i = sum_{j<=i} (g_i . v_j) k_j = intra a @ k + g_i^T S^T
-        s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M) state before each chunk
+        s = _chunk_states(torch.bmm(kc.mT, vc), nc) if states is None else states  # (L, D, M) before each chunk
         grad_q = _place(torch.bmm(a, kc, out=_into(outs[0], c)).baddbmm_(gc, s.mT), q, n, outs[0])
     if need[1] or need[2]:
         r = _chunk_states(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
@@ -215,24 +221,28 @@ def _run_groups(work, groups):
         torch.set_num_threads(threads)
 
 
-def _grouped_forward(q, k, v, c):
+def _grouped_forward(q, k, v, c, keep_states=False):
+    """(output, the chunk states (rows, nc, D, M) when keep_states, else None)."""
     q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))  # (rows, N, D|M)
+    nc = -(-q.shape[-2] // c)
+    states = q3.new_empty(q3.shape[0], nc, q.shape[-1], v.shape[-1]) if keep_states else None
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
     if len(groups) == 1:
-        return _forward(q, k, v, c)
+        return _forward(q, k, v, c, states=None if states is None else states.flatten(0, 1)), states
     out = v3.new_empty(v3.shape)
-    _run_groups(lambda s: _forward(q3[s], k3[s], v3[s], c, out=out[s]), groups)
-    return out.view(v.shape)
+    _run_groups(lambda s: _forward(q3[s], k3[s], v3[s], c, out=out[s],
+                                   states=None if states is None else states[s].flatten(0, 1)), groups)
+    return out.view(v.shape), states
 
 
-def _grouped_backward(q, k, v, g, c, need):
+def _grouped_backward(q, k, v, g, c, need, states=None):
     q3, k3, v3, g3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, g))  # (rows, N, D|M)
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
     if len(groups) == 1:
-        return _backward(q, k, v, g, c, need)
+        return _backward(q, k, v, g, c, need, states=None if states is None else states.flatten(0, 1))
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((q3, k3, v3), need)]
-    _run_groups(lambda s: _backward(q3[s], k3[s], v3[s], g3[s], c, need, [None if x is None else x[s] for x in grads]),
-                groups)
+    _run_groups(lambda s: _backward(q3[s], k3[s], v3[s], g3[s], c, need, [None if x is None else x[s] for x in grads],
+                                    states=None if states is None else states[s].flatten(0, 1)), groups)
     return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
 
 
@@ -243,26 +253,29 @@ def _compute_dtype(dtype):
 
 class CausalDotProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, chunk_size):
-        ctx.save_for_backward(q, k, v)
+    def forward(ctx, q, k, v, chunk_size, grad_enabled):
         ctx.chunk_size = chunk_size
         cd = _compute_dtype(q.dtype)
         # Autocast must not push the matmuls back down to bf16: the accumulation is the point.
         with torch.autocast(q.device.type, enabled=False):
-            out = _grouped_forward(q.to(cd), k.to(cd), v.to(cd), chunk_size)
+            # grad q's chunk states are kept from here when it will be needed (only then: the
+            # forward itself runs with grad off, so the caller's grad mode comes as an argument).
+            out, states = _grouped_forward(q.to(cd), k.to(cd), v.to(cd), chunk_size,
+                                           keep_states=grad_enabled and ctx.needs_input_grad[0])
+        ctx.save_for_backward(q, k, v, states)
         return out.to(q.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        q, k, v = ctx.saved_tensors
+        q, k, v, states = ctx.saved_tensors
         cd = _compute_dtype(q.dtype)
         with torch.autocast(q.device.type, enabled=False):
             grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), ctx.chunk_size,
-                              ctx.needs_input_grad[:3])
-        return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v))) + (None,)
+                                      ctx.needs_input_grad[:3], states)
+        return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v))) + (None, None)
 
 
 def causal_dot_product_chunked(q, k, v, chunk_size=None):
     c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
-    return CausalDotProduct.apply(q, k, v, c)
+    return CausalDotProduct.apply(q, k, v, c, torch.is_grad_enabled())
