@@ -19,6 +19,8 @@ What it reads (the convention for results folders; any depth under results/):
   bpd_vs_time.csv (+ .png)                        MNIST bits/dim against training time (reproduce_gpu)
   <step>/status.json, env/env.json, env/kernel_tests.xml   each reproduce_gpu run's steps, environment
                                                   and kernel tests
+  cpu_speed_<T>t_<time>.csv (+ .json)             the CPU speed of the core (issue 18), the newest run
+                                                  per thread count T (repro.kernels.cpu_speed)
   rows carry `device` (the hardware) as every result row does (for Tables 1/2 bits/dim and Table 3,
   the run rows in a .jsonl beside the CSV may carry it instead). Tables 1, 2, 4 and 5 give ours in
   one column per hardware: CPU (any CPU), and each GPU by its name; a cell never mixes hardware.
@@ -627,6 +629,100 @@ def others(root, rel, used) -> str:
     return "\n\n".join([lines[0], lines[1], "\n".join(lines[2:])])
 
 
+CPU_SPEED = re.compile(r"cpu_speed_(\d+)t_(\d{8}T\d{6})\.csv")
+
+
+def _newest_cpu_speed(root) -> list[Path]:
+    """The newest cpu_speed CSV per thread count, fewest threads first."""
+    newest = {}
+    for path in root.rglob("cpu_speed_*t_*.csv"):
+        if m := CPU_SPEED.fullmatch(path.name):
+            key = int(m[1])
+            if key not in newest or m[2] > CPU_SPEED.fullmatch(newest[key].name)[2]:
+                newest[key] = path
+    return [newest[t] for t in sorted(newest)]
+
+
+def _cpu_speed_rows(df) -> list[list]:
+    """One row per measure of issue 18's table: ours, what it is set against, the ratio, the target."""
+    ok = df[df.status == "ok"] if "status" in df else df
+    rows = []
+
+    def get(measure, method, **where):
+        m = ok[(ok.measure == measure) & (ok.method == method)]
+        for key, value in where.items():
+            m = m[m[key] == value]
+        return m.iloc[0] if len(m) else None
+
+    def met(r):
+        return "yes" if bool(r.met) else "no"
+
+    def sig(v):  # three significant digits, trailing zeros kept (15.0, 1.00)
+        return f"{v:,.0f}" if v >= 100 else f"{v:#.3g}".rstrip(".")
+
+    def ms(v):
+        return f"{sig(v)} ms"
+
+    def faster(x):
+        return f"{x:.2f}× faster" if x >= 1 else f"{1 / x:.2f}× slower"
+
+    for n in sorted(df[df.measure == "kernel_vs_peer"].n.unique()):
+        ours, peer = get("kernel_vs_peer", "ours", n=n), get("kernel_vs_peer", "fast_transformers", n=n)
+        if peer is None:
+            missing = df[(df.measure == "kernel_vs_peer") & (df.n == n) & (df.method == "fast_transformers")]
+            why = missing.status.iloc[0] if len(missing) else "missing"
+            rows.append([f"`causal_dot_product` fwd + bwd, N = {n:,}", ms(ours.ms) if ours is not None else "—",
+                         f"fast-transformers: {why}", "—", "≥ 2×", "—"])
+            continue
+        rows.append([f"`causal_dot_product` fwd + bwd, N = {n:,}", ms(ours.ms), f"fast-transformers {ms(peer.ms)}",
+                     faster(ours.speedup_vs_peer), "≥ 2×", met(ours)])
+    if (f := get("forward", "ours")) is not None:
+        rows.append([f"forward, N = {f.n:,}", ms(f.ms), f"GEMM {f.gemm_gflops:.0f} GFLOP/s (1024³)",
+                     f"{f.matmul_gflops:.0f} GFLOP/s of matmuls", "keep", "—"])
+    if (b := get("backward_dense", "ours")) is not None and f is not None:
+        rows.append(["backward, dense gradient", ms(b.ms), f"forward {ms(f.ms)}", f"{b.x_forward:.2f}×",
+                     "≤ 2.5×", met(b)])
+    if (z := get("backward_sum", "ours")) is not None and b is not None:
+        rows.append(["backward after `out.sum()` (stride-0 gradient)", ms(z.ms), f"dense gradient {ms(b.ms)}",
+                     f"{z.x_dense:.2f}×", "same (≤ 1.1×)", met(z)])
+    for n in sorted(ok[ok.measure == "layer"].n.unique()):
+        lin, sm = get("layer", "linear", n=n), get("layer", "softmax", n=n)
+        if lin is not None and sm is not None:
+            rows.append([f"layer fwd + bwd, 16,384 tokens, N = {n:,}", ms(lin.ms), f"softmax (SDPA) {ms(sm.ms)}",
+                         faster(lin.speedup_vs_softmax), "> 1×", met(lin)])
+    for n in sorted(ok[ok.measure == "generation"].n.unique()):
+        gen, floor = get("generation", "linear-compiled", n=n), get("generation", "matvec-floor", n=n)
+        if gen is not None and floor is not None:
+            size = {784: "MNIST", 3072: "CIFAR-10"}.get(n, f"{n} values")
+            rows.append([f"batch-1 generation, {size}, compiled linear step", f"{sig(gen.ms / 1e3)} s per image",
+                         f"matvec floor {sig(floor.ms / 1e3)} s", f"{gen.x_floor:.2f}× the floor", "≤ 1.4×", met(gen)])
+    return rows
+
+
+def cpu_speed(root, rel) -> str:
+    """The CPU speed of the core (issue 18): the newest cpu_speed run per thread count."""
+    paths = _newest_cpu_speed(root)
+    if not paths:
+        return ""
+    out = ["## CPU speed of the core",
+           "From `python -m repro.kernels.cpu_speed` (issue 18's table; each pair timed interleaved, medians of its "
+           "rounds; the load average is the machine's 1-minute load while the run measured). The newest run per thread "
+           "count under results/:"]
+    for path in paths:
+        df = pd.read_csv(path)
+        meta = path.with_suffix(".json")
+        command = json.loads(meta.read_text()).get("command") if meta.is_file() else None
+        loads = [json.loads(v)[0] for v in df.load_avg_1_5_15.dropna()] if "load_avg_1_5_15" in df else []
+        sha = df.git_sha.dropna().iloc[0] if "git_sha" in df and df.git_sha.notna().any() else "?"
+        threads = int(df.threads.iloc[0])
+        out.append(f"**{threads} thread{'s' if threads > 1 else ''}** ([{path.name}]({rel(path)}); "
+                   f"{df.device.iloc[0]}, {df.dtype.iloc[0]}, git {sha}"
+                   + (f", load {min(loads):.1f}–{max(loads):.1f}" if loads else "") + ")"
+                   + (f": {code(command)}" if command else ""))
+        out.append(md_table(["measure", "ours", "against", "ratio", "target", "met"], _cpu_speed_rows(df)))
+    return "\n\n".join(out)
+
+
 def claims(results) -> str:
     """The paper's claims, one verdict each, from the CPU-sized claim runs (repro.claims)."""
     from . import claims as claims_module
@@ -638,7 +734,7 @@ def claims(results) -> str:
 
 def sections(results: Path, out: Path) -> dict[str, str]:
     """The report's sections by name (title, figure1, figure2, tables_1_2, table_4, table_5,
-    table_3, claims, kernels, gpu_runs, others), links made relative to `out`; "" where a section has nothing."""
+    table_3, claims, kernels, cpu_speed, gpu_runs, others), links made relative to `out`; "" where a section has nothing."""
     results, out = Path(results).resolve(), Path(out).resolve()
 
     def rel(path):
@@ -650,6 +746,7 @@ def sections(results: Path, out: Path) -> dict[str, str]:
     used = {p.parent for name in ("benchmark.csv", "copy_final.csv", "throughput.csv", "bpd_vs_time.csv", "bench.csv",
                                   "kernels.csv") for p in results.rglob(name)}
     used |= {v[1] for v in bpd.values()} | {path.parent for path, *_ in asr_tables} | run_dirs
+    used |= {p.parent for p in _newest_cpu_speed(results)}
     gpu = {hw_class(str(v)) for _, df in csvs if "device" in df for v in df.device.dropna()}
     gpu = sorted((gpu | {cls for (_, _, cls) in bpd}) - {"CPU"})
     title = "\n\n".join([
@@ -663,8 +760,8 @@ def sections(results: Path, out: Path) -> dict[str, str]:
     return {"title": title, "figure1": figure1(results, rel), "figure2": figure2(results, rel),
             "tables_1_2": tables_1_2(results, rel, bpd), "table_4": table_4(results, rel),
             "table_5": table_5(results, rel), "table_3": table_3(results, rel, asr_tables),
-            "claims": claims(results), "kernels": kernels(results, rel, csvs), "gpu_runs": runs,
-            "others": others(results, rel, used)}
+            "claims": claims(results), "kernels": kernels(results, rel, csvs), "cpu_speed": cpu_speed(results, rel),
+            "gpu_runs": runs, "others": others(results, rel, used)}
 
 
 def build(results: Path, out: Path) -> str:

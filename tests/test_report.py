@@ -357,3 +357,51 @@ def test_a_kernel_target_without_its_peer_is_not_measured(tmp_path):
         "fast_transformers: missing: not built", "not measured"]
     assert row(md, "forward + backward <= 1.25 ms, bf16", section)[1:] == ["not measured yet", "not measured yet"]
     assert cells(md, "bf16 | fwd | 8 x 8 x 64 | 16384", "### kernels/h100")["fast_transformers"] == "—"  # no row
+
+
+def _cpu_speed_csv(path, threads, layer_256, peer=True, sha="abc123"):
+    base = {"device": "Intel Xeon (2 cores)", "dtype": "float32", "threads": threads, "git_sha": sha,
+            "load_avg_1_5_15": "[0.5, 0.7, 0.9]", "status": "ok"}
+    rows = [{**base, "measure": "kernel_vs_peer", "method": "ours", "n": 1024, "ms": 12.0, "speedup_vs_peer": 3.5,
+             "met": True}]
+    rows.append({**base, "measure": "kernel_vs_peer", "method": "fast_transformers", "n": 1024, "ms": 42.0} if peer else
+                {**base, "measure": "kernel_vs_peer", "method": "fast_transformers", "n": 1024,
+                 "status": "missing: fast_transformers not importable"})
+    rows += [{**base, "measure": "forward", "method": "ours", "n": 4096, "ms": 15.0, "matmul_gflops": 70.0,
+              "gemm_gflops": 150.0},
+             {**base, "measure": "backward_dense", "method": "ours", "n": 4096, "ms": 33.0, "x_forward": 2.2, "met": True},
+             {**base, "measure": "backward_sum", "method": "ours", "n": 4096, "ms": 34.0, "x_dense": 1.03, "met": True},
+             {**base, "measure": "layer", "method": "linear", "n": 256, "ms": 400.0, "speedup_vs_softmax": layer_256,
+              "met": layer_256 > 1},
+             {**base, "measure": "layer", "method": "softmax", "n": 256, "ms": 400.0 * layer_256},
+             {**base, "measure": "generation", "method": "linear-compiled", "n": 784, "ms": 1040.0, "x_floor": 1.31,
+              "met": True},
+             {**base, "measure": "generation", "method": "matvec-floor", "n": 784, "ms": 794.0}]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(path, index=False)
+    path.with_suffix(".json").write_text(json.dumps({"command": f"python -m repro.kernels.cpu_speed --threads {threads}"}))
+
+
+def test_the_cpu_speed_section_shows_the_newest_run_per_thread_count(tmp_path):
+    """Issue 18's table in the report: one table per thread count from its newest cpu_speed run
+    (an older run of the same thread count is left out), each measure against what it is set
+    against, its target, and met or not; a missing peer says why."""
+    speed = tmp_path / "cpu_speed"
+    _cpu_speed_csv(speed / "cpu_speed_1t_20261123T100000.csv", 1, 0.9, sha="old1")
+    _cpu_speed_csv(speed / "cpu_speed_1t_20261123T120000.csv", 1, 1.05, sha="new1")
+    _cpu_speed_csv(speed / "cpu_speed_2t_20261123T110000.csv", 2, 0.95, peer=False, sha="two2")
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    section = md.split("## CPU speed of the core", 1)[1].split("\n## ", 1)[0]
+    one, two = section.split("**2 threads**")
+    assert "new1" in one and "old1" not in section and "two2" in two
+    assert "cpu_speed_1t_20261123T120000.csv" in one and "--threads 1" in one and "load 0.5–0.5" in one
+    row_of = lambda part, first: next(l for l in part.splitlines() if l.startswith(f"| {first}"))
+    assert row_of(one, "`causal_dot_product` fwd + bwd, N = 1,024").endswith(
+        "| 12.0 ms | fast-transformers 42.0 ms | 3.50× faster | ≥ 2× | yes |")
+    assert "1.05× faster | > 1× | yes" in row_of(one, "layer fwd + bwd, 16,384 tokens, N = 256")
+    assert "1.05× slower | > 1× | no" in row_of(two, "layer fwd + bwd, 16,384 tokens, N = 256")
+    assert "missing: fast_transformers not importable" in row_of(two, "`causal_dot_product`")
+    assert "| 1.04 s per image | matvec floor 0.794 s | 1.31× the floor | ≤ 1.4× | yes |" in row_of(
+        one, "batch-1 generation, MNIST")
+    assert "2.20× | ≤ 2.5× | yes" in row_of(one, "backward, dense gradient")
+    assert "## Other results" not in md  # the folder is the section's, not listed again
