@@ -96,25 +96,29 @@ def _greedy(y):
     return y.argmax(-1)
 
 
-def _tiny(dtype=torch.float32):
+def _tiny(dtype=torch.float32, attention="linear"):
+    from repro.attention import SoftmaxAttention
     torch.manual_seed(0)
-    return AutoregressiveTransformer(partial(LinearAttention), 11, n_layers=2, d_model=16, n_heads=2,
-                                     d_ff=16).eval().to(dtype)
+    att = partial(LinearAttention) if attention == "linear" else partial(SoftmaxAttention, initial_cache=32)
+    return AutoregressiveTransformer(att, 11, n_layers=2, d_model=16, n_heads=2, d_ff=16).eval().to(dtype)
 
 
-@pytest.mark.parametrize("tokens_per_call,length", [(2, 17), (3, 17), (1, 9)])
-def test_sampling_inside_the_compiled_step_draws_what_eager_draws(tokens_per_call, length):
+@pytest.mark.parametrize("attention,tokens_per_call,length", [("linear", 2, 17), ("linear", 3, 17), ("linear", 1, 9),
+                                                              ("softmax", 2, 17)])
+def test_sampling_inside_the_compiled_step_draws_what_eager_draws(attention, tokens_per_call, length):
     """generate through model.sampling_step (one token first, then tokens_per_call at a time,
     a short tail one by one) against plain eager generation with the same seed; the prefix of 2
     goes through model.step. Another sample_fn than the compiled one samples outside the
     compiled plain step."""
-    model = _tiny()
+    model = _tiny(attention=attention)
     prefix = torch.randint(1, 11, (3, 2))
     refs = []
     for seed in (0, 1):
         torch.manual_seed(seed)
         refs.append(generate(model, prefix, length, _sampler))
     greedy = generate(model, prefix, length, _greedy)
+    with pytest.raises(ValueError, match="tokens_per_call must be >= 1; got 0"):
+        compile_step(model, backend="eager", sample_fn=_sampler, tokens_per_call=0)
     compile_step(model, backend="eager", sample_fn=_sampler, tokens_per_call=tokens_per_call)
     assert model.sampling_step.tokens_per_call == tokens_per_call
     for seed, ref in zip((0, 1), refs):

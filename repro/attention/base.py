@@ -17,7 +17,9 @@ class AttentionLayer(nn.Module):
     """
 
     recurrent = False
-    fused_qkv_refreshed = False  # set by repro.training.parts.compile_step, which refreshes _qkv
+    # Set by repro.models.generate.compile_step, whose wrapper rebuilds _qkv at every
+    # generation's first step; a compiled step of this layer then reads _qkv as it stands.
+    fused_qkv_refreshed = False
 
     def __init__(self, d_model: int, n_heads: int, d_keys: int | None = None, d_values: int | None = None):
         super().__init__()

@@ -103,6 +103,8 @@ def compile_step(model, backend: str = "inductor", sample_fn=None, tokens_per_ca
     every first step (no state yet), so the compiled step reads them as they stand."""
     from ..attention.base import AttentionLayer
 
+    if tokens_per_call < 1:
+        raise ValueError(f"compile_step: tokens_per_call must be >= 1; got {tokens_per_call}")
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     options = (STEP_INDUCTOR_CPU if on_cpu else STEP_INDUCTOR) if backend == "inductor" else None
     step = type(model).step.__get__(model)
@@ -120,8 +122,6 @@ def compile_step(model, backend: str = "inductor", sample_fn=None, tokens_per_ca
         return call
 
     model.step = refreshing(torch.compile(step, backend=backend, dynamic=True, options=options))
-    if tokens_per_call < 1:
-        raise ValueError(f"compile_step: tokens_per_call must be >= 1; got {tokens_per_call}")
     if sample_fn is not None:
         def first(tokens, state):
             y, state = step(tokens, state)
