@@ -40,5 +40,7 @@ def test_every_row_written(tmp_path, monkeypatch, capsys):
 def test_bad_input_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="--rounds=0: must be >= 1"):
         cpu_speed.main(["--rounds", "0", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--generation-backend='nope'; valid: .*inductor"):
+        cpu_speed.main(["--generation-backend", "nope", "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit, match="--peer-sdist .*nope.tar.gz: no such file"):
         cpu_speed.main([*TINY, "--peer-sdist", str(tmp_path / "nope.tar.gz"), "--out-dir", str(tmp_path)])

@@ -313,6 +313,9 @@ def main(argv=None):
     for name in ("threads", "rounds", "pass_length", "layer_tokens", "generation_rounds"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    import torch._dynamo
+    if "generation" in args.rows and args.generation_backend not in (valid := torch._dynamo.list_backends(exclude_tags=())):
+        raise SystemExit(f"--generation-backend={args.generation_backend!r}; valid: {', '.join(sorted(valid))}")
     threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
