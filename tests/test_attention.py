@@ -128,3 +128,21 @@ def test_layer_rejects_bad_shapes():
         LinearAttention(d_model=8, n_heads=3)
     with pytest.raises(ValueError, match="unknown sdpa_backend 'fast'"):
         SoftmaxAttention(d_model=8, n_heads=2, sdpa_backend="fast")
+
+
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+def test_elu_feature_map_is_elu_plus_one_contiguous_and_twice_differentiable(layout):
+    """phi = elu + 1 written from the layer's strided (B, H, N, D) views straight into a
+    contiguous tensor: against torch's F.elu(x) + 1 in float64, values and first and second
+    derivatives (gradcheck, gradgradcheck)."""
+    from repro.attention.feature_maps import EluFeatureMap
+    phi = EluFeatureMap(5)
+    x = torch.randn(2, 7, 3, 5, dtype=torch.float64) * 2
+    x = (x.transpose(1, 2) if layout == "transposed" else x.contiguous()).requires_grad_()
+    y = phi(x)
+    assert y.is_contiguous() and EluFeatureMap.contiguous_output
+    torch.testing.assert_close(y, F.elu(x) + 1, rtol=0, atol=1e-15)
+    torch.autograd.gradcheck(phi, (x,))
+    torch.autograd.gradgradcheck(phi, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(phi(x), F.elu(x) + 1, rtol=0, atol=1e-15)

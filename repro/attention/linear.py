@@ -73,10 +73,14 @@ class LinearAttention(AttentionLayer):
         self.eps = eps
 
     def attend(self, q, k, v, causal, key_padding_mask):
-        # Contiguous first: q and k are (B, N, H, D) projections seen as (B, H, N, D), and on
-        # such a layout torch's meta function for elu's backward predicts other strides than
-        # its CPU kernel returns, which breaks compiled (AOTAutograd) backward graphs.
-        q, k = self.feature_map(q.contiguous()), self.feature_map(k.contiguous())  # (B, H, N, F)
+        # q and k are (B, N, H, D) projections seen as (B, H, N, D). A feature map that writes a
+        # contiguous phi from any layout (elu + 1) takes them as they are; others get contiguous
+        # copies, and so does every map under torch.compile: on such a layout torch's meta
+        # function for elu's backward predicts other strides than its CPU kernel returns, which
+        # breaks compiled (AOTAutograd) backward graphs.
+        if not self.feature_map.contiguous_output or torch.compiler.is_compiling():
+            q, k = q.contiguous(), k.contiguous()
+        q, k = self.feature_map(q), self.feature_map(k)  # (B, H, N, F), contiguous
         if key_padding_mask is not None:
             k = k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
         acc = _acc(q.dtype)
