@@ -51,15 +51,25 @@ def _load():
     return list(os.getloadavg())
 
 
-def interleaved(fns: dict, rounds: int, warmup: int = 1) -> dict:
+SETTLE = [0]  # untimed calls before each timed one (--settle; set by main)
+
+
+def interleaved(fns: dict, rounds: int, warmup: int = 1, settle: int | None = None) -> dict:
     """name -> (median seconds, all times): every round runs each fn once, in turn, so a load
-    change on the shared machine hits every method alike."""
+    change on the shared machine hits every method alike. Each timed call follows `settle`
+    untimed calls of the same fn: at T > 1 threads the OpenMP threads of the previous method's
+    parallel regions (the peer's, SDPA's) keep spinning for a while after it returns, and on 2
+    cores they take them from the next method's first moments (measured: ours 7.3 ms fwd + bwd at
+    N = 1,024 alone, 11.6 ms right after the peer)."""
+    settle = SETTLE[0] if settle is None else settle
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            for _ in range(settle):
+                fn()
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
@@ -298,6 +308,8 @@ def main(argv=None):
     ap.add_argument("--pass-length", type=int, default=4096)
     ap.add_argument("--layer-lengths", type=int, nargs="+", default=[256, 512, 1024, 4096])
     ap.add_argument("--layer-tokens", type=int, default=16384)
+    ap.add_argument("--settle", type=int, default=None,
+                    help="untimed calls of a method right before each timed one (default: 1 at T > 1 threads, else 0)")
     ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS, help="which rows to measure (default: all)")
     ap.add_argument("--generation-sizes", nargs="+", default=["mnist", "cifar"], choices=["mnist", "cifar"],
                     help="image sizes for the generation rows")
@@ -316,18 +328,24 @@ def main(argv=None):
     import torch._dynamo
     if "generation" in args.rows and args.generation_backend not in (valid := torch._dynamo.list_backends(exclude_tags=())):
         raise SystemExit(f"--generation-backend={args.generation_backend!r}; valid: {', '.join(sorted(valid))}")
-    threads_before = torch.get_num_threads()
+    if args.settle is not None and args.settle < 0:
+        raise SystemExit(f"--settle={args.settle}: must be >= 0")
+    args.settle = (1 if args.threads > 1 else 0) if args.settle is None else args.settle
+    threads_before, settle_before = torch.get_num_threads(), SETTLE[0]
     torch.set_num_threads(args.threads)
+    SETTLE[0] = args.settle
     try:
         _run(args, argv)
     finally:  # main() called in-process (tests) leaves torch's thread count as it found it
         torch.set_num_threads(threads_before)
+        SETTLE[0] = settle_before
 
 
 def _run(args, argv):
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     out_dir = Path(args.out_dir)
-    base = {**provenance(torch.device("cpu")), "threads": args.threads, "dtype": "float32", "rounds": args.rounds}
+    base = {**provenance(torch.device("cpu")), "threads": args.threads, "dtype": "float32", "rounds": args.rounds,
+            "settle": args.settle}
     print(f"{base['device']}, torch {base['versions']['torch']}, {args.threads} threads, load {_load()}")
     if args.chunk_sweep:
         rows = [{**base, **r} for r in chunk_sweep(args)]
