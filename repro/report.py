@@ -717,7 +717,9 @@ def cpu_speed(root, rel) -> str:
         threads = int(df.threads.iloc[0])
         out.append(f"**{threads} thread{'s' if threads > 1 else ''}** ([{path.name}]({rel(path)}); "
                    f"{df.device.iloc[0]}, {df.dtype.iloc[0]}, git {sha}"
-                   + (f", load {min(loads):.1f}–{max(loads):.1f}" if loads else "") + ")"
+                   + (f", load {min(loads):.1f}–{max(loads):.1f}" if loads else "")
+                   + (f", {int(df.settle.iloc[0])} untimed call before each timed one"
+                      if "settle" in df and df.settle.notna().any() and df.settle.iloc[0] > 0 else "") + ")"
                    + (f": {code(command)}" if command else ""))
         out.append(md_table(["measure", "ours", "against", "ratio", "target", "met"], _cpu_speed_rows(df)))
     return "\n\n".join(out)
