@@ -632,14 +632,15 @@ def others(root, rel, used) -> str:
 CPU_SPEED = re.compile(r"cpu_speed_(\d+)t_(\d{8}T\d{6})\.csv")
 
 
-def _newest_cpu_speed(root) -> list[Path]:
-    """The newest cpu_speed CSV per thread count, fewest threads first."""
+def _newest_cpu_speed(csvs) -> list[tuple[Path, pd.DataFrame]]:
+    """(path, table) of the newest cpu_speed CSV per thread count, fewest threads first, from the
+    CSVs `sections` has read."""
     newest = {}
-    for path in root.rglob("cpu_speed_*t_*.csv"):
+    for path, df in csvs:
         if m := CPU_SPEED.fullmatch(path.name):
             key = int(m[1])
-            if key not in newest or m[2] > CPU_SPEED.fullmatch(newest[key].name)[2]:
-                newest[key] = path
+            if key not in newest or m[2] > CPU_SPEED.fullmatch(newest[key][0].name)[2]:
+                newest[key] = (path, df)
     return [newest[t] for t in sorted(newest)]
 
 
@@ -699,17 +700,16 @@ def _cpu_speed_rows(df) -> list[list]:
     return rows
 
 
-def cpu_speed(root, rel) -> str:
-    """The CPU speed of the core (issue 18): the newest cpu_speed run per thread count."""
-    paths = _newest_cpu_speed(root)
-    if not paths:
+def cpu_speed(runs, rel) -> str:
+    """The CPU speed of the core (issue 18): the newest cpu_speed run per thread count
+    (_newest_cpu_speed's (path, table) pairs)."""
+    if not runs:
         return ""
     out = ["## CPU speed of the core",
            "From `python -m repro.kernels.cpu_speed` (issue 18's table; each pair timed interleaved, medians of its "
            "rounds; the load average is the machine's 1-minute load while the run measured). The newest run per thread "
            "count under results/:"]
-    for path in paths:
-        df = pd.read_csv(path)
+    for path, df in runs:
         meta = path.with_suffix(".json")
         command = json.loads(meta.read_text()).get("command") if meta.is_file() else None
         loads = [json.loads(v)[0] for v in df.load_avg_1_5_15.dropna()] if "load_avg_1_5_15" in df else []
@@ -748,7 +748,8 @@ def sections(results: Path, out: Path) -> dict[str, str]:
     used = {p.parent for name in ("benchmark.csv", "copy_final.csv", "throughput.csv", "bpd_vs_time.csv", "bench.csv",
                                   "kernels.csv") for p in results.rglob(name)}
     used |= {v[1] for v in bpd.values()} | {path.parent for path, *_ in asr_tables} | run_dirs
-    used |= {p.parent for p in _newest_cpu_speed(results)}
+    speed = _newest_cpu_speed(csvs)
+    used |= {path.parent for path, _ in speed}
     gpu = {hw_class(str(v)) for _, df in csvs if "device" in df for v in df.device.dropna()}
     gpu = sorted((gpu | {cls for (_, _, cls) in bpd}) - {"CPU"})
     title = "\n\n".join([
@@ -762,7 +763,7 @@ def sections(results: Path, out: Path) -> dict[str, str]:
     return {"title": title, "figure1": figure1(results, rel), "figure2": figure2(results, rel),
             "tables_1_2": tables_1_2(results, rel, bpd), "table_4": table_4(results, rel),
             "table_5": table_5(results, rel), "table_3": table_3(results, rel, asr_tables),
-            "claims": claims(results), "kernels": kernels(results, rel, csvs), "cpu_speed": cpu_speed(results, rel),
+            "claims": claims(results), "kernels": kernels(results, rel, csvs), "cpu_speed": cpu_speed(speed, rel),
             "gpu_runs": runs, "others": others(results, rel, used)}
 
 

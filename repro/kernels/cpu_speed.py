@@ -51,17 +51,13 @@ def _load():
     return list(os.getloadavg())
 
 
-SETTLE = [0]  # untimed calls before each timed one (--settle; set by main)
-
-
-def interleaved(fns: dict, rounds: int, warmup: int = 1, settle: int | None = None) -> dict:
+def interleaved(fns: dict, rounds: int, warmup: int = 1, settle: int = 0) -> dict:
     """name -> (median seconds, all times): every round runs each fn once, in turn, so a load
     change on the shared machine hits every method alike. Each timed call follows `settle`
     untimed calls of the same fn: at T > 1 threads the OpenMP threads of the previous method's
     parallel regions (the peer's, SDPA's) keep spinning for a while after it returns, and on 2
     cores they take them from the next method's first moments (measured: ours 7.3 ms fwd + bwd at
     N = 1,024 alone, 11.6 ms right after the peer)."""
-    settle = SETTLE[0] if settle is None else settle
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -126,9 +122,9 @@ def _fwd_bwd(fn, q, k, v, g):
     return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), g)
 
 
-def gemm_gflops(rounds):
+def gemm_gflops(rounds, settle=0):
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    sec, _ = interleaved({"gemm": lambda: a @ b}, rounds)["gemm"]
+    sec, _ = interleaved({"gemm": lambda: a @ b}, rounds, settle=settle)["gemm"]
     return 2 * 1024 ** 3 / sec / 1e9
 
 
@@ -152,14 +148,14 @@ def kernel_rows(base, args, peer_fn, peer_note):
         common = dict(measure="kernel_vs_peer", pass_="fwd_bwd", n=n, batch=b, heads=h, d=d, m=d)
         if peer_fn is None:
             rows.append(_row(base, **common, method=PEER, status=peer_note))
-            t = interleaved({"ours": _fwd_bwd(causal_dot_product_chunked, q, k, v, g)}, args.rounds)
+            t = interleaved({"ours": _fwd_bwd(causal_dot_product_chunked, q, k, v, g)}, args.rounds, settle=args.settle)
             rows.append(_row(base, **common, method="ours", status="ok", ms=1e3 * t["ours"][0],
                              times_ms=[1e3 * x for x in t["ours"][1]]))
             continue
         with torch.no_grad():  # the peer must compute the same thing
             err = (peer_fn(q, k, v) - causal_dot_product_chunked(q, k, v)).abs().max().item()
         t = interleaved({"ours": _fwd_bwd(causal_dot_product_chunked, q, k, v, g),
-                         PEER: _fwd_bwd(peer_fn, q, k, v, g)}, args.rounds)
+                         PEER: _fwd_bwd(peer_fn, q, k, v, g)}, args.rounds, settle=args.settle)
         ratio = t[PEER][0] / t["ours"][0]
         for name in ("ours", PEER):
             rows.append(_row(base, **common, method=name, status="ok", ms=1e3 * t[name][0],
@@ -185,7 +181,7 @@ def pass_rows(base, args, gemm):
     t = interleaved({"forward": fwd,
                      "backward_dense": lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True),
                      "backward_sum": lambda: torch.autograd.grad(total, (q, k, v), retain_graph=True)},
-                    args.rounds)
+                    args.rounds, settle=args.settle)
     c = default_chunk_size(d, d, cpu=True)
     f_ms, bd_ms, bs_ms = (1e3 * t[x][0] for x in ("forward", "backward_dense", "backward_sum"))
     common = dict(pass_=None, n=n, batch=b, heads=h, d=d, m=d, chunk=c, method="ours", status="ok")
@@ -214,7 +210,7 @@ def layer_rows(base, args):
         g = torch.randn(b, n, 256)
         fns = {name: (lambda layer=layer: torch.autograd.grad(layer(x, causal=True), (x, *layer.parameters()), g))
                for name, layer in layers.items()}
-        t = interleaved(fns, args.rounds)
+        t = interleaved(fns, args.rounds, settle=args.settle)
         ratio = t["softmax"][0] / t["linear"][0]
         for name in layers:
             rows.append(_row(base, measure="layer", pass_="fwd_bwd", method=name, n=n, batch=b, heads=8, d=32, m=32,
@@ -280,7 +276,7 @@ def chunk_sweep(args):
         g = torch.randn(1, 8, args.pass_length, m)
         fns = {c: (lambda c=c: torch.autograd.grad(causal_dot_product_chunked(q, k, v, c), (q, k, v), g))
                for c in args.sweep_chunks}
-        t = interleaved(fns, args.rounds)
+        t = interleaved(fns, args.rounds, settle=args.settle)
         best = min(t, key=lambda c: t[c][0])
         print(f"D={d:3d} M={m:3d}  " + "  ".join(f"C={c}: {1e3 * t[c][0]:7.1f} ms" for c in t)
               + f"  best C={best} (default {default_chunk_size(d, m, cpu=True)})  load {_load()}")
@@ -331,14 +327,12 @@ def main(argv=None):
     if args.settle is not None and args.settle < 0:
         raise SystemExit(f"--settle={args.settle}: must be >= 0")
     args.settle = (1 if args.threads > 1 else 0) if args.settle is None else args.settle
-    threads_before, settle_before = torch.get_num_threads(), SETTLE[0]
+    threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    SETTLE[0] = args.settle
     try:
         _run(args, argv)
     finally:  # main() called in-process (tests) leaves torch's thread count as it found it
         torch.set_num_threads(threads_before)
-        SETTLE[0] = settle_before
 
 
 def _run(args, argv):
@@ -353,7 +347,7 @@ def _run(args, argv):
     else:
         peer_fn, note = peer(args.peer_sdist)
         base["versions"] = {**base["versions"], PEER_DIST: note if peer_fn else None}
-        gemm = gemm_gflops(args.rounds)
+        gemm = gemm_gflops(args.rounds, args.settle)
         print(f"GEMM (1024^3 fp32): {gemm:.0f} GFLOP/s")
         rows = []
         parts = {"kernel": lambda: kernel_rows(base, args, peer_fn, note), "pass": lambda: pass_rows(base, args, gemm),

@@ -52,7 +52,8 @@ module, so checkpoints stay interchangeable.
 """
 # the names the tasks and tests import from here (the parts live in repro.training.parts)
 from ..config import parse_device  # noqa: F401
-from .parts import compile_backends, compile_step, seed_everything, step_time_text, to_device  # noqa: F401
+from ..models.generate import compile_step  # noqa: F401  (generation's; tests import it from here)
+from .parts import compile_backends, seed_everything, step_time_text, to_device  # noqa: F401
 from .trainer import Trainer
 
 

@@ -10,7 +10,6 @@ import torch
 from omegaconf import OmegaConf
 
 from ..config import ConfigError
-from ..models.generate import compile_step  # noqa: F401  (generation's, re-exported for the loop's users)
 from . import distributed as ddp
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
