@@ -49,10 +49,14 @@ from .results import REPO, atomic_write, provenance, read_jsonl
 STEPS = {1: "env", 2: "kernels", 3: "figure1", 4: "generation", 5: "copy", 6: "mnist", 7: "speech"}
 COPY_ATTENTIONS = ("softmax", "linear", "lsh-4")
 MNIST_ATTENTIONS = ("softmax", "linear", "lsh-1", "lsh-4")
+# Every step fits one command of a lent GPU machine (600 s): its jobs' caps add up to at most
+# about 480 s, and --budget-s (a deadline for the whole command) cuts whatever would pass it.
 MNIST_WALL_S = 60  # trainer.max_time_s per attention in step 6 (4 of them, plus start-up)
-MNIST_CAP_S = MNIST_WALL_S + 120  # its job's cap (start-up, the last step and evaluation): a hang, not the plan
+MNIST_CAP_S = MNIST_WALL_S + 60  # its job's cap (start-up, the last step and evaluation): a hang, not the plan
 COPY_WALL_S = 120  # per attention in step 5; a run cut here resumes from its checkpoint next time
 STEP_WALL_S = 450  # any other job: past it, SIGTERM (its finished points are kept; a rerun resumes)
+GRACE_S = 60  # after SIGTERM, what a job has to checkpoint and write its last row before SIGKILL
+MIN_JOB_S = 30  # under --budget-s, a job is not started with less time than this left
 
 
 @dataclass
@@ -108,9 +112,12 @@ def env_jobs(ctx):
     san_skip = gpu or (None if sanitizer else "compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
     tests = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cupy_kernels.py",
              f"--junitxml={d / 'kernel_tests.xml'}"]
-    return [Job("kernel_tests", tests, env={"REPRO_KERNEL": "cupy"}, skip=gpu, wall_s=300)] + [
+    # --report-api-errors no: torch's and CuPy's start-up probes make CUDA API calls that fail by
+    # design (an absent driver feature, say); counted as errors they would fail every launch
+    return [Job("kernel_tests", tests, env={"REPRO_KERNEL": "cupy"}, skip=gpu, wall_s=240)] + [
         Job(tool, [sanitizer or "compute-sanitizer", "--tool", tool, "--error-exitcode", "1",
-                   sys.executable, "-m", "repro.kernels.sanitize"], skip=san_skip, wall_s=150)
+                   "--report-api-errors", "no", sys.executable, "-m", "repro.kernels.sanitize"],
+            skip=san_skip, wall_s=120)
         for tool in ("memcheck", "racecheck")]
 
 
@@ -301,37 +308,78 @@ def shown(argv) -> str:
     return text.replace(f"{REPO}/", "")
 
 
-def run_job(job, log_path, grace_s=180):
+class Interrupted(Exception):
+    """This command got SIGTERM or SIGINT: the job in flight is stopped, nothing else starts."""
+
+
+def _on_signal(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _stop_group(proc, grace_s):
+    """SIGTERM to the job's whole process group (a sweep, compute-sanitizer's child), then
+    SIGKILL to the group if it is still there after grace_s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=max(grace_s, 0.1))
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group, also where its leader has exited
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_job(job, log_path, grace_s=GRACE_S, deadline=None):
     """Runs job.argv in the repository, its output to log_path; returns (status, rc, seconds).
-    status: ok, failed (rc), stopped at wall (SIGTERM at the cap, counted from the start),
-    killed (ignored SIGTERM)."""
+    status: ok, failed (rc), stopped at wall (SIGTERM to the job's process group at its cap, counted
+    from the start, or grace_s before `deadline`, a time.monotonic() value), killed (the group
+    outlived grace_s after SIGTERM). When this process is interrupted (Interrupted), the job's
+    group gets SIGTERM, then SIGKILL, before the exception goes on."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"), **job.env}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
+    stop_at = began + job.wall_s if job.wall_s else float("inf")
+    if deadline is not None:
+        grace_s = min(grace_s, max((deadline - began) / 4, 1.0))
+        stop_at = min(stop_at, deadline - grace_s)
     with open(log_path, "w") as log:
         log.write("$ " + shown(job.argv) + "\n")
         log.flush()
+        # a session of its own: the job's group is signalled as one (a Ctrl-C at the terminal
+        # reaches this process, which forwards it)
         proc = subprocess.Popen(list(map(str, job.argv)), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         stopped = False
-        while proc.poll() is None:
-            time.sleep(0.2)
-            now = time.monotonic()
-            if job.wall_s and not stopped and now - began > job.wall_s:
-                proc.send_signal(signal.SIGTERM)  # the loop finishes its step, evaluates, checkpoints
-                stopped = now
-            if stopped and now - stopped > grace_s:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return "killed", proc.returncode, now - began
+        try:
+            while proc.poll() is None:
+                time.sleep(0.2)
+                now = time.monotonic()
+                if not stopped and now >= stop_at:
+                    try:
+                        os.killpg(proc.pid, signal.SIGTERM)  # the loop finishes its step, evaluates, checkpoints
+                    except ProcessLookupError:
+                        pass
+                    stopped = now
+                if stopped and now - stopped > grace_s:
+                    _stop_group(proc, 0)
+                    return "killed", proc.returncode, now - began
+        except BaseException:
+            _stop_group(proc, min(grace_s, 20))
+            raise
     seconds = time.monotonic() - began
     if stopped:
         return "stopped at wall", proc.returncode, seconds
     return ("ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"), proc.returncode, seconds
 
 
-def run_step(ctx, number, force=False):
-    """Runs one step's jobs that have not finished; True when the whole step is done."""
+def run_step(ctx, number, force=False, deadline=None):
+    """Runs one step's jobs that have not finished; True when the whole step is done. Under a
+    deadline (time.monotonic()), a job is not started with less than MIN_JOB_S left."""
     name, d = STEPS[number], ctx.out / STEPS[number]
     marker = d / "status.json"
     if marker.is_file() and json.loads(marker.read_text()).get("status") == "done" and not force:
@@ -353,11 +401,19 @@ def run_step(ctx, number, force=False):
         if job.skip:
             results[job.name] = {"status": "skipped", "reason": job.skip}
             print(f"[{number} {name}] {job.name}: skipped: {job.skip}")
+        elif deadline is not None and deadline - time.monotonic() < MIN_JOB_S:
+            results[job.name] = {"status": "not started: --budget-s spent", "command": shown(job.argv)}
+            print(f"[{number} {name}] {job.name}: not started: --budget-s spent (the next command runs it)")
         else:
             if job.fresh is not None and Path(job.fresh).exists():
                 shutil.rmtree(job.fresh)  # a training run that starts from scratch: not over an old one
             print(f"[{number} {name}] {job.name}: {shown(job.argv)}", flush=True)
-            status, rc, seconds = run_job(job, d / "logs" / f"{job.name}.log")
+            try:
+                status, rc, seconds = run_job(job, d / "logs" / f"{job.name}.log", deadline=deadline)
+            except Interrupted:
+                atomic_write(jm, json.dumps({"status": "interrupted", "command": shown(job.argv)}, indent=1) + "\n")
+                atomic_write(marker, json.dumps({"status": "incomplete", "jobs": results}, indent=1) + "\n")
+                raise
             results[job.name] = {"status": status, "rc": rc, "seconds": round(seconds, 1),
                                  "command": shown(job.argv), "wall_s": job.wall_s}
             print(f"[{number} {name}] {job.name}: {status} in {seconds:.0f} s (log: {d / 'logs' / (job.name + '.log')})")
@@ -396,20 +452,94 @@ def parse_steps(text):
     return sorted(set(out))
 
 
+# ----------------------------------------------------------------------------- carrying results back
+
+PACKED = ("results/gpu", "outputs/gpu-smoke/results")  # what --pack takes, relative to the repository
+PACK_NAME = "gpu_results.tar.gz"
+PART_BYTES = 15 << 20  # a lent machine returns files of at most 16 MiB: a larger archive goes in parts
+
+
+def pack(dest, repo=REPO, part_bytes=PART_BYTES) -> list[Path]:
+    """Everything this suite wrote under PACKED (step folders, logs, rows, figures; never a
+    checkpoint) as one gzipped tar at the top of `dest`, its members relative to the repository,
+    split into `<name>.partNN` files when over part_bytes. Returns the files written."""
+    import tarfile
+    dest, repo = Path(dest), Path(repo)
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest / PACK_NAME
+    with tarfile.open(archive, "w:gz") as tar:
+        for rel in PACKED:
+            if (repo / rel).exists():
+                tar.add(repo / rel, arcname=rel, filter=lambda m: None if m.name.endswith((".pt", ".ckpt")) else m)
+    if archive.stat().st_size <= part_bytes:
+        return [archive]
+    data, parts = archive.read_bytes(), []
+    archive.unlink()
+    for i in range(0, len(data), part_bytes):
+        parts.append(dest / f"{PACK_NAME}.part{i // part_bytes:02d}")
+        parts[-1].write_bytes(data[i:i + part_bytes])
+    return parts
+
+
+def unpack(files, into=REPO) -> list[str]:
+    """The archive pack() wrote (its file, or its parts in any order) extracted into `into`;
+    only members under PACKED are taken (no absolute paths, no '..', no links). Returns their
+    names."""
+    import io
+    import tarfile
+    files = sorted(Path(f) for f in files)
+    if not files:
+        raise ValueError("--unpack: no files given")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"--unpack: no such file: {', '.join(missing)}")
+    data = b"".join(f.read_bytes() for f in files)
+    names = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            inside = any(m.name == p or m.name.startswith(p + "/") for p in PACKED)
+            if not inside or m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
+                raise ValueError(f"--unpack: {m.name!r} is not a file or folder under {', '.join(PACKED)}")
+            names.append(m.name)
+        tar.extractall(into, filter="data")
+    return names
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m repro.reproduce_gpu", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--steps", default="1-7", help="e.g. 1,3-5 or env,kernels (default: all)")
     ap.add_argument("--smoke", action="store_true", help="every step at tiny sizes on the CPU")
     ap.add_argument("--force", action="store_true", help="rerun finished steps and jobs")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="seconds this command may take in all: a job is stopped (SIGTERM, checkpoint) before "
+                         "then and none starts with under 30 s left; the next command resumes (docs/gpu.md)")
     ap.add_argument("--out", default=None, help="default results/gpu/<device>/ (--smoke: outputs/gpu-smoke/results)")
     ap.add_argument("--runs", default=None, help="run folders; default outputs/gpu/<device>/ "
                     "(--smoke: outputs/gpu-smoke/runs)")
+    ap.add_argument("--pack", metavar="DIR", default=None,
+                    help=f"only pack {' and '.join(PACKED)} into DIR/{PACK_NAME} (parts past 15 MiB) and exit")
+    ap.add_argument("--unpack", metavar="FILE", nargs="+", default=None,
+                    help="only extract an archive --pack wrote (its file or parts) into the repository and exit")
     args = ap.parse_args(argv)
+    if args.pack or args.unpack:
+        try:
+            if args.pack:
+                files = pack(args.pack)
+                print(f"packed into {', '.join(str(f) for f in files)}")
+            else:
+                names = unpack(args.unpack)
+                print(f"unpacked {sum(not n.endswith('/') for n in names)} entries into {REPO}")
+        except (ValueError, OSError) as err:
+            ap.error(str(err))
+        return 0
     try:
         steps = parse_steps(args.steps)
     except ValueError as err:
         ap.error(str(err))
+    if args.budget_s is not None and not (args.budget_s > 0 and args.budget_s != float("inf")):
+        ap.error(f"--budget-s {args.budget_s}: give a positive number of seconds")
     if not args.smoke and not torch.cuda.is_available():
         ap.error("no CUDA device is visible: this runs the GPU results; --smoke runs every step on the CPU")
     dev = "cpu" if args.smoke else "cuda"
@@ -418,7 +548,18 @@ def main(argv=None):
     ctx = Ctx(out.resolve(), runs.resolve(), args.smoke, dev, force=args.force)
     print(f"results -> {ctx.out}; runs -> {ctx.runs}")
     began = time.monotonic()
-    done = {n: run_step(ctx, n, args.force) for n in steps}
+    deadline = began + args.budget_s if args.budget_s else None
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    done = {}
+    try:
+        for n in steps:
+            done[n] = run_step(ctx, n, args.force, deadline)
+    except Interrupted as err:
+        print(f"interrupted ({err}): the job in flight was stopped; rerun to continue (finished jobs are kept)")
+        return 130 if str(err) == "SIGINT" else 143
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print(f"{sum(done.values())}/{len(done)} steps done in {time.monotonic() - began:.0f} s"
           + ("" if all(done.values()) else f"; incomplete: {[STEPS[n] for n, ok in done.items() if not ok]}"))
     if all(done.values()):

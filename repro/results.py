@@ -97,6 +97,8 @@ def read_jsonl(path):
 
 @lru_cache(maxsize=None)
 def git_sha() -> str:
+    """The checkout's commit (+ '-dirty'); where there is no git checkout (a copy of the tree on
+    a lent GPU machine), $REPRO_GIT_SHA as the caller passed it; else 'unknown'."""
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.strip()
@@ -104,7 +106,7 @@ def git_sha() -> str:
                                capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("REPRO_GIT_SHA", "").strip() or "unknown"
 
 
 def device_name(device: torch.device) -> str:

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Runs a command on an offline GPU machine with gpu_bundle/ installed beside its own torch:
-#   bash scripts/with_gpu_bundle.sh python3 -m repro.reproduce_gpu --steps 1,2
-# The bundle goes once into build/gpu_site (git-ignored; reinstalled when requirements.txt
-# changes) with --no-index --no-deps, then PYTHONPATH points there. When $OUT is set (a folder
-# that is carried back, as on a lent device machine), results/gpu/ is copied into $OUT after the
-# command, whatever its exit status.
+#   REPRO_GIT_SHA=<commit> bash scripts/with_gpu_bundle.sh python3 -m repro.reproduce_gpu --steps 1 --budget-s 500
+# The bundle goes once into build/gpu_site (git-ignored; reinstalled when gpu_bundle/requirements.txt
+# changes) with --no-index --no-deps, then PYTHONPATH points there. gpu_bundle/ is git-ignored:
+# it reaches a lent machine only when the call carries it. Where .git does not travel, rows
+# record REPRO_GIT_SHA as their commit (repro.results.git_sha).
+# When $OUT is set (the folder a lent machine sends back: at most 8 files, 2 folders down), the
+# command's whole output goes to $OUT/command.log, and afterwards, whatever its exit status,
+# everything under results/gpu/ and outputs/gpu-smoke/results/ is packed into $OUT as one
+# archive (gpu_results.tar.gz, or its .partNN files past 15 MiB; no checkpoints). Unpack it
+# into the checkout here with: python -m repro.reproduce_gpu --unpack <the files>
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SITE=$REPO/build/gpu_site
@@ -15,11 +20,18 @@ if [ -f gpu_bundle/requirements.txt ] && ! cmp -s gpu_bundle/requirements.txt "$
   "$PY" -m pip install -q --no-index --no-deps --find-links gpu_bundle --target "$SITE" -r gpu_bundle/requirements.txt \
     && cp gpu_bundle/requirements.txt "$SITE/.installed" || { echo "with_gpu_bundle: installing the bundle failed" >&2; exit 2; }
 fi
-[ -d "$SITE" ] || echo "with_gpu_bundle: no gpu_bundle/ here (make gpu-bundle on a machine with PyPI); running without it" >&2
+[ -d "$SITE" ] || echo "with_gpu_bundle: no gpu_bundle/ here (make gpu-bundle on a machine with PyPI, and carry it); running without it" >&2
+if [ ! -e .git ] && [ -z "${REPRO_GIT_SHA:-}" ]; then
+  echo "with_gpu_bundle: no .git and no REPRO_GIT_SHA: rows will record their commit as 'unknown'" >&2
+fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"  # bin: ninja, for cpp_extension
-"$@"
-rc=$?
-if [ -n "${OUT:-}" ] && [ -d results/gpu ]; then
-  mkdir -p "$OUT/results" && cp -r results/gpu "$OUT/results/"
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  "$@" 2>&1 | tee "$OUT/command.log"
+  rc=${PIPESTATUS[0]}
+  "$PY" -m repro.reproduce_gpu --pack "$OUT" || echo "with_gpu_bundle: packing the results into $OUT failed" >&2
+else
+  "$@"
+  rc=$?
 fi
 exit $rc

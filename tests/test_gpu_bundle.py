@@ -62,3 +62,10 @@ def test_tree_leaves_room_for_the_bundle():
         pytest.skip("not a git checkout")
     size = sum((REPO / f).stat().st_size for f in files.decode().split("\0") if f and (REPO / f).is_file())
     assert size + 60e6 <= 64 * 2**20, f"tracked files take {size / 1e6:.1f} MB"
+
+
+def test_bundle_script_leaves_the_returned_folder_alone():
+    """A lent GPU machine sends back $OUT; gpu_bundle.sh empties its destination folder, so it
+    must not take that folder from a variable named OUT."""
+    code = [ln for ln in (REPO / "scripts" / "gpu_bundle.sh").read_text().splitlines() if not ln.lstrip().startswith("#")]
+    assert not [ln for ln in code if re.search(r"\bOUT\b", ln)]

@@ -1,9 +1,16 @@
 """python -m repro.reproduce_gpu: the seven GPU steps, run here at tiny sizes on the CPU
 (--smoke), so the script cannot rot; its resume logic and wall-clock cap on small jobs."""
 import json
+import os
 import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import tarfile
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,11 +22,47 @@ from repro.reproduce_gpu import Ctx, Job, Step, run_job, run_step
 REPO = reproduce_gpu.REPO
 
 
+def documented_windows() -> list[list[str]]:
+    """The reproduce_gpu arguments of each command in docs/gpu.md's `<!-- gpu-window -->` blocks."""
+    text = (REPO / "docs" / "gpu.md").read_text()
+    blocks = re.findall(r"<!-- gpu-window -->\n```\n(.*?)```", text, re.S)
+    assert blocks, "docs/gpu.md has no <!-- gpu-window --> block"
+    return [shlex.split(line.split("repro.reproduce_gpu", 1)[1]) for block in blocks
+            for line in block.splitlines() if "repro.reproduce_gpu" in line]
+
+
+def returned_files(out: Path) -> list[Path]:
+    """What a lent machine sends back from $OUT: every file, checked against its limits (at most
+    8 files of at most 16 MiB, no more than 2 folders down, plain names)."""
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert 0 < len(files) <= 8, files
+    for f in files:
+        rel = f.relative_to(out)
+        assert len(rel.parts) <= 3, f"{rel} is more than 2 folders down"
+        assert all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in rel.parts), rel
+        assert f.stat().st_size <= 16 << 20, rel
+    return files
+
+
 def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
-    out, runs = tmp_path / "results", tmp_path / "runs"
-    res = subprocess.run([sys.executable, "-m", "repro.reproduce_gpu", "--smoke", "--out", str(out), "--runs", str(runs)],
-                         cwd=REPO, capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    """docs/gpu.md's window commands, each as one lent-machine command (--smoke here, on the CPU,
+    with $OUT set): each returns its results as at most 8 files, and what they carry, unpacked
+    into a fresh folder, is every step's results, which the report reads."""
+    smoke_dir = REPO / "outputs" / "gpu-smoke"
+    shutil.rmtree(smoke_dir, ignore_errors=True)
+    clone = tmp_path / "clone"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PY": sys.executable, "REPRO_GIT_SHA": "0123abcd4567"}
+    commands = documented_windows()
+    assert sorted(int(a[a.index("--steps") + 1]) for a in commands) == list(reproduce_gpu.STEPS)
+    for i, args in enumerate(commands):
+        out = tmp_path / f"OUT{i}"
+        res = subprocess.run(["bash", "scripts/with_gpu_bundle.sh", sys.executable, "-m", "repro.reproduce_gpu",
+                              *args, "--smoke"], cwd=REPO, capture_output=True, text=True, env={**env, "OUT": str(out)})
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+        files = returned_files(out)
+        assert {f.name for f in files} == {"command.log", reproduce_gpu.PACK_NAME}, files
+        reproduce_gpu.unpack([out / reproduce_gpu.PACK_NAME], into=clone)
+    out, runs = clone / "outputs" / "gpu-smoke" / "results", smoke_dir / "runs"
     for step in reproduce_gpu.STEPS.values():
         assert json.loads((out / step / "status.json").read_text())["status"] == "done", step
     env = json.loads((out / "env" / "status.json").read_text())["jobs"]
@@ -41,6 +84,8 @@ def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
     assert (out / "figure1" / "command.txt").read_text().startswith("python run.py experiment=paper_benchmark")
     # a rerun skips what is done, without starting anything
     assert reproduce_gpu.main(["--smoke", "--steps", "kernels,3", "--out", str(out), "--runs", str(runs)]) == 0
+    assert all(r["git_sha"] == "0123abcd4567" for r in read_jsonl(out / "kernels" / "bench.jsonl")) or \
+        (REPO / ".git").exists()  # where the tree has no .git, rows take the commit passed in
     # the report's readers take the GPU folders as they take the CPU ones
     text = report.build(out, tmp_path / "REPORT.md")
     assert "### figure1" in text and "### copy" in text and "### speech" in text
@@ -96,3 +141,106 @@ def test_a_rerun_runs_only_what_did_not_finish(tmp_path, monkeypatch):
     assert run_step(ctx, 2) and counter.read_text() == "a"  # a was not run again
     assert run_step(ctx, 2) and counter.read_text() == "a"  # the step is done: nothing runs
     assert run_step(ctx, 2, force=True) and counter.read_text() == "aa"
+
+
+def test_budget_stops_the_job_in_flight_and_starts_no_other(tmp_path, monkeypatch):
+    """--budget-s: the job running near the deadline gets SIGTERM before it, the next one is not
+    started, and the step is left incomplete for the next command."""
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); time.sleep(60)"
+    jobs = [Job("slow", [sys.executable, "-c", code], wall_s=400), Job("next", [sys.executable, "-c", "pass"])]
+    monkeypatch.setitem(reproduce_gpu.STEP_DEFS, 2, Step(2, lambda ctx: jobs))
+    monkeypatch.setattr(reproduce_gpu, "MIN_JOB_S", 1.5)  # 30 s at real budgets
+    began = time.monotonic()
+    rc = reproduce_gpu.main(["--smoke", "--steps", "2", "--budget-s", "4", "--out", str(tmp_path / "o"),
+                             "--runs", str(tmp_path / "r")])
+    assert rc == 1 and time.monotonic() - began < 8
+    status = json.loads((tmp_path / "o" / "kernels" / "status.json").read_text())["jobs"]
+    assert status["slow"]["status"] == "stopped at wall" and status["next"]["status"].startswith("not started")
+
+
+def test_a_bad_budget_is_one_line(capsys):
+    for bad in ("0", "-5", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            reproduce_gpu.main(["--smoke", "--steps", "1", "--budget-s", bad])
+        assert f"--budget-s" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_sigterm_reaches_the_jobs_whole_process_group(tmp_path):
+    """SIGTERM to reproduce_gpu stops the job in flight and the processes that job started (a job
+    runs in a session of its own and would outlive its parent), and exits 143."""
+    pidfile = tmp_path / "grandchild.pid"
+    job = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+           f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(120)")
+    script = (f"import sys; from repro import reproduce_gpu as r; "
+              f"r.STEP_DEFS[2] = r.Step(2, lambda ctx: [r.Job('j', [sys.executable, '-c', {job!r}])]); "
+              f"sys.exit(r.main(['--smoke', '--steps', '2', '--out', {str(tmp_path / 'o')!r}, "
+              f"'--runs', {str(tmp_path / 'r')!r}]))")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    for _ in range(300):
+        if pidfile.is_file() and pidfile.read_text():
+            break
+        time.sleep(0.1)
+    grandchild = int(pidfile.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143, proc.stdout.read()
+    for _ in range(50):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(grandchild, signal.SIGKILL)
+        pytest.fail("the job's child outlived reproduce_gpu's SIGTERM")
+    status = json.loads((tmp_path / "o" / "kernels" / "status.json").read_text())
+    assert status["status"] == "incomplete"
+
+
+def test_pack_splits_a_large_archive_and_unpack_rebuilds_it(tmp_path):
+    repo = tmp_path / "repo"
+    step = repo / "results" / "gpu" / "H100" / "kernels"
+    (step / "logs").mkdir(parents=True)
+    (step / "bench.jsonl").write_bytes(os.urandom(300_000))  # incompressible: the archive needs parts
+    (step / "logs" / "bench.log").write_text("log\n")
+    (repo / "outputs" / "gpu-smoke" / "results" / "copy").mkdir(parents=True)
+    (repo / "outputs" / "gpu-smoke" / "results" / "copy" / "last.pt").write_bytes(b"weights")  # never packed
+    parts = reproduce_gpu.pack(tmp_path / "OUT", repo=repo, part_bytes=100_000)
+    assert len(parts) == 4 and all(p.stat().st_size <= 100_000 for p in parts)
+    returned_files(tmp_path / "OUT")
+    names = reproduce_gpu.unpack(reversed(parts), into=tmp_path / "here")
+    assert (tmp_path / "here" / "results/gpu/H100/kernels/bench.jsonl").read_bytes() == (step / "bench.jsonl").read_bytes()
+    assert (tmp_path / "here" / "results/gpu/H100/kernels/logs/bench.log").read_text() == "log\n"
+    assert not any(n.endswith(".pt") for n in names)
+
+
+def test_unpack_refuses_a_member_outside_the_results(tmp_path, capsys):
+    bad = tmp_path / "gpu_results.tar.gz"
+    with tarfile.open(bad, "w:gz") as tar:
+        src = tmp_path / "x"
+        src.write_text("x")
+        tar.add(src, arcname="results/gpu/../../etc/x")
+    with pytest.raises(SystemExit):
+        reproduce_gpu.main(["--unpack", str(bad)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "results/gpu/../../etc/x" in err and "not a file or folder under" in err
+    with pytest.raises(SystemExit):
+        reproduce_gpu.main(["--unpack", str(tmp_path / "none.tar.gz")])
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_sanitizer_ignores_start_up_api_errors():
+    """torch's and CuPy's start-up probes fail some CUDA API calls by design: compute-sanitizer
+    must not count them, or every launch fails."""
+    ctx = Ctx(Path("o"), Path("r"), smoke=False, device="cuda")
+    for job in reproduce_gpu.env_jobs(ctx)[1:]:
+        i = job.argv.index("--report-api-errors")
+        assert job.argv[i + 1] == "no", job.argv
+
+
+def test_every_step_fits_one_lent_machine_command():
+    """Each step's job caps add up to under the 500 s the documented commands give it."""
+    ctx = Ctx(Path("o"), Path("r"), smoke=False, device="cuda")
+    for number, spec in reproduce_gpu.STEP_DEFS.items():
+        total = sum(j.wall_s or 0 for j in spec.jobs(ctx))
+        assert 0 < total <= 500, (number, total)

@@ -69,8 +69,8 @@ def _methods(device, ft_sdist=None):
         "cupy": peers.Peer(None if cupy_why else cupy_backend.causal_dot_product, cupy_why),
         "cupy_norm": peers.Peer(None if cupy_why else fused, cupy_why),
         "torch": peers.Peer(causal_dot_product_chunked),
-        "fast_transformers": peers.fast_transformers(ft_sdist),
-        "fla_chunk": peers.fla_chunk(),
+        "fast_transformers": peers.fast_transformers(device, ft_sdist),
+        "fla_chunk": peers.fla_chunk(device),
         "sdpa": peers.Peer(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
     }
 

@@ -7,13 +7,17 @@ the reason, which the benchmark writes as a `missing` row.
                         causal_product_cuda.cu is taken from the sdist file that
                             pip download pytorch-fast-transformers==0.4.0 --no-deps --no-binary :all:
                         gives (`make gpu-bundle` puts it in gpu_bundle/) and built with
-                        torch.utils.cpp_extension.load for the GPU in use, as the release built
-                        it (without ENABLE_NVIDIA_OPTIMIZATIONS). A benchmark peer only: never a
-                        dependency, never committed.
+                        torch.utils.cpp_extension.load for the GPU in use. The file sets
+                        ENABLE_NVIDIA_OPTIMIZATIONS itself (its `#define` at the top), so the
+                        build takes NVIDIA's contributed fast path where the shape allows, as the
+                        release's build does. A benchmark peer only: never a dependency, never
+                        committed.
     fla_chunk           flash-linear-attention's chunk_linear_attn (Triton), in its native
                         (B, N, H, D) layout, unnormalised, scale 1.
 
-Every peer is fn(q, k, v) -> out on tensors in its `layout` ("bhnd" or "bnhd").
+Every peer is fn(q, k, v) -> out on tensors in its `layout` ("bhnd" or "bnhd"). Whether a peer
+can run is decided by the device the benchmark was asked to use, never by whether some CUDA
+device is visible: a CPU run on a GPU machine still reports the CUDA-only peers as missing.
 """
 import inspect
 import os
@@ -98,9 +102,20 @@ def _ninja_on_path():
             return
 
 
-def fast_transformers(sdist=None, verbose=False) -> Peer:
+def _not_cuda(device, what) -> str | None:
+    """Why a CUDA-only peer cannot run on `device` (None when it can)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"missing: {what} runs on CUDA only and this run is on {device.type}"
     if not torch.cuda.is_available():
-        return Peer(None, "missing: the authors' kernel runs on CUDA only and no CUDA device is visible")
+        return f"missing: {what} runs on CUDA only and no CUDA device is visible"
+    return None
+
+
+def fast_transformers(device, sdist=None, verbose=False) -> Peer:
+    why = _not_cuda(device, "the authors' kernel")
+    if why:
+        return Peer(None, why)
     found = find_ft_sdist(sdist)
     if found is None:
         return Peer(None, "missing: no pytorch-fast-transformers-0.4.0 sdist (run `make gpu-bundle`, "
@@ -112,7 +127,7 @@ def fast_transformers(sdist=None, verbose=False) -> Peer:
         return Peer(None, "missing: no CUDA toolkit (nvcc) to build the authors' kernel with")
     if not cpp_extension.is_ninja_available():
         return Peer(None, "missing: torch.utils.cpp_extension needs ninja (pip install ninja; it is in the GPU bundle)")
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = torch.cuda.get_device_capability(device)
     try:
         src = extract_ft_source(found)
         # For the GPU in use only: cpp_extension reads TORCH_CUDA_ARCH_LIST.
@@ -128,10 +143,10 @@ def fast_transformers(sdist=None, verbose=False) -> Peer:
     return Peer(ft_autograd(ext), dtypes=(torch.float32,))
 
 
-def fla_chunk() -> Peer:
-    if not torch.cuda.is_available():
-        return Peer(None, "missing: fla's Triton kernels run on CUDA only and no CUDA device is visible",
-                    layout="bnhd")
+def fla_chunk(device) -> Peer:
+    why = _not_cuda(device, "fla's Triton kernels")
+    if why:
+        return Peer(None, why, layout="bnhd")
     try:
         from fla.ops.linear_attn import chunk_linear_attn
     except Exception as err:  # ImportError, or a Triton that does not match
