@@ -1,4 +1,4 @@
-# make run: set up .venv (first time only) and run the main job; make test: set up and run the tests.
+# make run: set up .venv (first time only) and run the main job; make test: set up, lint and run the tests.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -16,7 +16,9 @@ $(VENV)/.installed: requirements.txt
 run: setup
 	$(PY) run.py
 
+# ruff first (pyproject.toml: line length, import order, pyflakes, bugbear), then the tests
 test: setup
+	$(PY) -m ruff check .
 	WANDB_MODE=disabled $(PY) -m pytest -q tests
 
 # Wheels (Python 3.12, manylinux x86_64) + the fast-transformers sdist for an offline GPU machine,

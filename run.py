@@ -4,12 +4,12 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from repro import jobs
-from repro.cli import preflight
-from repro.config import ConfigError, in_multirun
-from repro.logging import tee_to_job_log
+from repro.cli import jobs
+from repro.cli.config import ConfigError, in_multirun
+from repro.cli.logging import tee_to_job_log
+from repro.cli.preflight import preflight
+from repro.cli.validate import validate
 from repro.training import distributed
-from repro.validate import validate
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

@@ -4,7 +4,7 @@
 # The bundle goes once into build/gpu_site (git-ignored; reinstalled when gpu_bundle/requirements.txt
 # changes) with --no-index --no-deps, then PYTHONPATH points there. gpu_bundle/ is git-ignored:
 # it reaches a lent machine only when the call carries it. Where .git does not travel, rows
-# record REPRO_GIT_SHA as their commit (repro.results.git_sha).
+# record REPRO_GIT_SHA as their commit (repro.common.results.git_sha).
 # When $OUT is set (the folder a lent machine sends back: at most 8 files, 2 folders down), the
 # command's whole output goes to $OUT/command.log, and afterwards, whatever its exit status,
 # everything under results/gpu/ and outputs/gpu-smoke/results/ is packed into $OUT as one

@@ -10,13 +10,23 @@ import torch
 import torchaudio
 from hydra.utils import instantiate
 
-from repro.config import ConfigError
+from repro.cli.config import ConfigError
+from repro.common.results import read_jsonl
 from repro.data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, collate
-from repro.data.speech import (LABELS, PHONEMES, CorpusSettings, espeak_to_arpabet, generate, load_kaldi,
-                               load_librispeech, load_manifest, load_pocketsphinx, words_to_arpabet)
+from repro.data.speech import (
+    LABELS,
+    PHONEMES,
+    CorpusSettings,
+    espeak_to_arpabet,
+    generate,
+    load_kaldi,
+    load_librispeech,
+    load_manifest,
+    load_pocketsphinx,
+    words_to_arpabet,
+)
 from repro.data.speech.espeak import engine
 from repro.models.ctc import BiLSTMEncoder, CTCTransformer
-from repro.results import read_jsonl
 from repro.tasks.asr import N_LABELS, beam_decode, beam_decoder, ctc_loss, greedy_decode, per
 
 TINY = dict(n_sentences=6, renditions=2, min_words=4, max_words=8, valid_fraction=0.2, test_fraction=0.2)
@@ -39,8 +49,10 @@ def test_corpus_is_speech_with_phonemes_and_held_out_splits(corpus):
         assert r["phonemes"] and set(r["phonemes"]) <= set(PHONEMES) and r["unmapped"] == []
     by = {s: [r for r in rows if r["split"] == s] for s in ("train", "valid", "test")}
     texts = {s: {r["text"] for r in v} for s, v in by.items()}
-    assert not (texts["train"] & texts["valid"]) and not (texts["train"] & texts["test"]) and not (texts["valid"] & texts["test"])
-    assert {r["speaker"] for r in by["test"]} == {"en-us+f3"} and "en-us+f3" not in {r["speaker"] for r in by["train"] + by["valid"]}
+    assert (not (texts["train"] & texts["valid"]) and not (texts["train"] & texts["test"])
+            and not (texts["valid"] & texts["test"]))
+    assert ({r["speaker"] for r in by["test"]} == {"en-us+f3"}
+            and "en-us+f3" not in {r["speaker"] for r in by["train"] + by["valid"]})
 
 
 def test_corpus_is_deterministic_and_cached(corpus, tmp_path):
@@ -141,7 +153,8 @@ def test_ctc_training_lowers_the_loss(corpus):
         loss, _ = ctc_loss(model, batch)
         # reference: torch's CTCLoss module on the same log-probabilities
         lp, n = model(batch["features"], batch["lengths"])
-        ref = torch.nn.CTCLoss(blank=0, zero_infinity=True)(lp.transpose(0, 1), batch["labels"], n, batch["label_lengths"])
+        ref = torch.nn.CTCLoss(blank=0, zero_infinity=True)(lp.transpose(0, 1), batch["labels"], n,
+                                                             batch["label_lengths"])
         assert torch.allclose(loss, ref)
         opt.zero_grad()
         loss.backward()
@@ -187,7 +200,8 @@ def test_librispeech_and_kaldi_loaders(tmp_path):
     (kaldi / "text").write_text("u1 the cat sat\nu2 on the mat\n")
     (kaldi / "utt2spk").write_text("u1 spk1\nu2 spk2\n")
     rows = load_kaldi(kaldi)
-    assert [r["speaker"] for r in rows] == ["spk1", "spk2"] and rows[1]["phonemes"] == ["AA", "N", "DH", "AH", "M", "AE", "T"]
+    assert ([r["speaker"] for r in rows] == ["spk1", "spk2"]
+            and rows[1]["phonemes"] == ["AA", "N", "DH", "AH", "M", "AE", "T"])
     ds = SpeechDataset(rows, LogMelFilterbank())
     assert ds[0]["features"].shape == (1 + (8000 - 400) // 160, 40)
 
@@ -240,7 +254,8 @@ def test_task_end_to_end_and_errors(compose_cfg, tmp_path):
         summary = rows[-1]
         assert summary["kind"] == "summary" and summary["status"] == "ok" and summary["model"] == enc
         assert 0 <= summary["valid_per"] and 0 <= summary["test_per_beam"] and summary["time_per_epoch_s"] > 0
-        assert any(r["kind"] == "eval" and "per" in r for r in rows) and {"git_sha", "device", "versions"} <= set(summary)
+        assert (any(r["kind"] == "eval" and "per" in r for r in rows)
+                and {"git_sha", "device", "versions"} <= set(summary))
         # hypotheses.csv: every decoded utterance beside its reference; pooled, they give the set's PER
         hyps = pd.read_csv(out / "hypotheses.csv", keep_default_na=False)
         valid = hyps[hyps.split == "valid"]
@@ -249,6 +264,7 @@ def test_task_end_to_end_and_errors(compose_cfg, tmp_path):
         assert jiwer.wer(list(valid.reference), list(valid.beam)) == pytest.approx(summary["valid_per_beam"])
     tab = aggregate(rows, tmp_path)
     assert list(tab.model) == ["bilstm", "linear"] and (tmp_path / "asr_table.csv").is_file()
-    for bad, match in [("task.source=wav", "valid: tts, librispeech, kaldi"), ("model.encoder=gru", "model.encoder='gru'")]:
+    for bad, match in [("task.source=wav", "valid: tts, librispeech, kaldi"),
+                       ("model.encoder=gru", "model.encoder='gru'")]:
         with pytest.raises(ConfigError, match=match):
             run(compose_cfg(*common, bad, f"+task.out_dir={tmp_path / 'bad'}"))

@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 
 from repro.attention import SoftmaxAttention
 from repro.attention.lsh import LSHAttention
-from repro.config import CONF_DIR
+from repro.cli.config import CONF_DIR
 
 SMALL = dict(n_buckets=4, chunk_size=8)  # N = 37 spans several chunks and buckets
 
@@ -119,7 +119,8 @@ def test_the_paper_presets_build_the_authors_attention(experiment):
     # other presets keep ours
     layer = instantiate(_compose("task=copy", "attention=lsh-4").attention)(d_model=256, n_heads=8)
     assert {k: getattr(layer, k) for k in OURS} == OURS
-    assert instantiate(_compose("task=copy", "attention=softmax").attention)(d_model=256, n_heads=8).attention_dropout == 0
+    softmax = instantiate(_compose("task=copy", "attention=softmax").attention)(d_model=256, n_heads=8)
+    assert softmax.attention_dropout == 0
 
 
 def test_the_paper_sweeps_include_lsh():

@@ -2,7 +2,6 @@
 (layer and model), agreement with naive float64 references, FAVOR+ convergence, odd N, D != M,
 padding, bf16, and the one-line errors."""
 import math
-from functools import partial
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from repro.attention.local import LocalAttention
 from repro.attention.lsh import LSHAttention
 from repro.attention.performer import PerformerAttention
 from repro.attention.rfa import RFAAttention, gated_causal_dot_product
-from repro.config import compose_group
+from repro.cli.config import compose_group
 from repro.models import AutoregressiveTransformer
 
 CONFIGS = ["lsh-1", "lsh-4", "lsh-8", "performer", "rfa", "local"]
@@ -186,7 +185,8 @@ def test_gated_parallel_form_equals_decay_matrix():
     log_g = F.logsigmoid(torch.randn(2, 3, 13, dtype=torch.float64)).requires_grad_()
     out = gated_causal_dot_product(q, k, v, log_g, chunk_size=4)
     c = log_g.cumsum(-1)
-    decay = (c[..., :, None] - c[..., None, :]).masked_fill(~torch.ones(13, 13, dtype=torch.bool).tril(), float("-inf")).exp()
+    decay = (c[..., :, None] - c[..., None, :]).masked_fill(~torch.ones(13, 13, dtype=torch.bool).tril(),
+                                                            float("-inf")).exp()
     ref = ((q @ k.transpose(-1, -2)) * decay) @ v
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
     g = torch.randn_like(out)
@@ -201,7 +201,8 @@ def test_performer_equals_quadratic_form_of_its_features():
     pq, pk = layer.feature_map(q), layer.feature_map(k)
     # the features themselves, from their formula: exp(w.x' - |x'|^2 / 2) / sqrt(F), x' = x / D^(1/4)
     xs = q / 6 ** 0.25
-    torch.testing.assert_close(pq, torch.exp(xs @ layer.feature_map.omega.T - (xs ** 2).sum(-1, keepdim=True) / 2) / math.sqrt(20))
+    torch.testing.assert_close(
+        pq, torch.exp(xs @ layer.feature_map.omega.T - (xs ** 2).sum(-1, keepdim=True) / 2) / math.sqrt(20))
     a = (pq @ pk.transpose(-1, -2)).tril()
     ref = (a @ v) / (a.sum(-1, keepdim=True) + layer.eps)
     torch.testing.assert_close(layer.attend(q, k, v, causal=True, key_padding_mask=None), ref, rtol=1e-10, atol=1e-12)
@@ -229,7 +230,7 @@ def test_eval_is_deterministic_and_training_redraws():
     for layer in (build("lsh-4"), build("performer", redraw_every=1), build("rfa")):
         torch.testing.assert_close(layer(x, causal=True), layer(x, causal=True), rtol=0, atol=0)
         layer.train()
-        y1, y2 = layer(x, causal=True), layer(x, causal=True)
+        _, y2 = layer(x, causal=True), layer(x, causal=True)
         y3 = layer(x, causal=True)
         assert not torch.equal(y2, y3), type(layer).__name__
 

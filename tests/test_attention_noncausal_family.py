@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
-from repro.config import CONF_DIR, ConfigError, compose_group
 from repro.attention.nystrom import iterative_pinv
+from repro.cli.config import CONF_DIR, ConfigError, compose_group
 
 ALL_CONFIGS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
 FAMILY = ["linformer", "nystrom", "bigbird", "longshort"]

@@ -7,8 +7,8 @@ import sys
 import pandas as pd
 import pytest
 
-from repro.config import ConfigError, RunFailed
-from repro.results import REPO, read_jsonl
+from repro.cli.config import ConfigError, RunFailed
+from repro.common.results import REPO, read_jsonl
 from repro.tasks import benchmark
 from repro.tasks.benchmark_point import measure_safely
 
@@ -146,7 +146,8 @@ def test_rerun_in_the_same_dir_with_other_settings_is_refused(compose_cfg, tmp_p
     base = (*TINY, "task.isolate=false", "task.lengths=[16]", "attention=linear", f"+run_dir={tmp_path}")
     benchmark.run(compose_cfg(*base))
     before = (tmp_path / "results.jsonl").read_text()
-    with pytest.raises(ConfigError, match=r"results.jsonl holds rows measured with other settings: .*" + re.escape(named)):
+    with pytest.raises(ConfigError,
+                       match=r"results.jsonl holds rows measured with other settings: .*" + re.escape(named)):
         benchmark.run(compose_cfg(*base, change))
     assert (tmp_path / "results.jsonl").read_text() == before  # the old rows untouched
 

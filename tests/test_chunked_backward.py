@@ -141,8 +141,10 @@ def test_the_forward_keeps_its_chunk_states_for_grad_q_only_when_it_will_be_need
 
     kept, scans = [], []
     grouped, scan = chunked._grouped_forward, chunked._chunk_states
-    monkeypatch.setattr(chunked, "_grouped_forward", lambda *a, **kw: kept.append(kw["keep_states"]) or grouped(*a, **kw))
-    monkeypatch.setattr(chunked, "_chunk_states", lambda *a, **kw: scans.append(kw.get("reverse", False)) or scan(*a, **kw))
+    monkeypatch.setattr(chunked, "_grouped_forward",
+                        lambda *a, **kw: kept.append(kw["keep_states"]) or grouped(*a, **kw))
+    monkeypatch.setattr(chunked, "_chunk_states",
+                        lambda *a, **kw: scans.append(kw.get("reverse", False)) or scan(*a, **kw))
     q, k, v = (x.requires_grad_() for x in _inputs(*ODD[0]))
     with torch.no_grad():
         causal_dot_product_chunked(q, k, v, 16)

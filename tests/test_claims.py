@@ -1,4 +1,4 @@
-"""repro.claims: the verdict rules, and the section rendered from results folders written here in
+"""repro.reproduction.claims: the verdict rules, and the section rendered from results folders written here in
 the formats the tasks publish (copy_final/copy_curves, bpd_curves + image_rows, asr_table +
 asr_rows, throughput.csv), with the expected numbers worked out by hand."""
 import json
@@ -6,9 +6,8 @@ import json
 import pandas as pd
 import pytest
 
-from repro import claims
-from repro.claims import NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED
-
+from repro.reproduction import claims
+from repro.reproduction.claims import NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -21,9 +20,11 @@ def test_same_loss():
 @pytest.mark.parametrize("values, verdict, measured", [
     ({"a": 1.0, "b": 1.1, "c": 1.2}, REPRODUCED, "a < b < c"),
     ({"a": 1.0, "b": 1.2, "c": 1.1}, f"{NOT_REPRODUCED}: the order differs", "a < c < b"),
-    ({"a": 1.0, "b": 1.005, "c": 1.2}, f"{NOT_REPRODUCED}: inconclusive, gaps within 0.01 bits/dim (ties)", "a ≈ b < c"),
+    ({"a": 1.0, "b": 1.005, "c": 1.2}, f"{NOT_REPRODUCED}: inconclusive, gaps within 0.01 bits/dim (ties)",
+     "a ≈ b < c"),
     # an inversion within the tolerance is a tie, not a different order
-    ({"a": 1.004, "b": 1.0, "c": 1.2}, f"{NOT_REPRODUCED}: inconclusive, gaps within 0.01 bits/dim (ties)", "b ≈ a < c"),
+    ({"a": 1.004, "b": 1.0, "c": 1.2}, f"{NOT_REPRODUCED}: inconclusive, gaps within 0.01 bits/dim (ties)",
+     "b ≈ a < c"),
 ])
 def test_ordering_verdict(values, verdict, measured):
     assert claims.ordering_verdict(values, ["a", "b", "c"], tol=0.01) == (verdict, measured)
@@ -56,7 +57,8 @@ def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002):
                    "eval_loss_std": v / 10, "eval_accuracy": 0.99} for a, v in final.items()]
                  ).to_csv(copy / "copy_final.csv", index=False)
     pd.DataFrame([{"max_len": 32, "attention": "softmax", "kind": "eval", "metric": "loss", "step": s, "mean": v}
-                  for s, v in [(1000, 0.01), (2000, 0.001), (4000, 0.0001)]]).to_csv(copy / "copy_curves.csv", index=False)
+                  for s, v in [(1000, 0.01), (2000, 0.001), (4000, 0.0001)]]).to_csv(
+        copy / "copy_curves.csv", index=False)
 
     img = results / "images/mnist_claims_cpu"
     img.mkdir(parents=True)
@@ -73,7 +75,8 @@ def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002):
     asr = results / "asr/speed_800_cpu"
     asr.mkdir(parents=True)
     pd.DataFrame([{"model": m, "steps": 8.0, "epochs": 2.0, "s_per_epoch": s * 1.5, "cpu_s_per_epoch": s,
-                   "ms_per_step": s * 375, "mean_frames": 801.0} for m, s in [("softmax", 10.0), ("softmax-math", 12.0), ("linear", 4.0)]]
+                   "ms_per_step": s * 375, "mean_frames": 801.0}
+                  for m, s in [("softmax", 10.0), ("softmax-math", 12.0), ("linear", 4.0)]]
                  ).to_csv(asr / "asr_table.csv", index=False)
     (asr / "asr_rows.jsonl").write_text(json.dumps(
         {"kind": "train", "batch_size": 8, "model_n_layers": 9, "model_n_heads": 6, "model_d_model": 192}) + "\n")
@@ -94,7 +97,8 @@ def test_section_from_results(tmp_path):
     assert copy_lsh.verdict == REPRODUCED and "lsh-4 0.60 ± 0.060" in copy_lsh.here
     # straight curves: no wobble, so gaps above 0.01 count. Equal steps: the mean of the last 3
     # evaluations (steps 200..400: start - 0.3) = 1.7, 1.72, 1.75, 1.8 -> the paper's order
-    assert mnist_steps.verdict == REPRODUCED and "softmax 1.700, linear 1.720, lsh-4 1.750, lsh-1 1.800" in mnist_steps.here
+    assert (mnist_steps.verdict == REPRODUCED
+            and "softmax 1.700, linear 1.720, lsh-4 1.750, lsh-1 1.800" in mnist_steps.here)
     assert "gaps below 0.010" in mnist_steps.here
     # equal time: the fastest run (linear, 400 x 50 ms = 20 s) is the budget; in it softmax and
     # lsh-1 take 200 steps, lsh-4 100, linear 400; the smoothed curve there (mean of the evals up
@@ -159,7 +163,8 @@ def test_claims_presets(compose_cfg):
     softmax, linear and LSH-4 (at N = 32's buckets and chunks) x 3 seeds, the paper's speech
     encoder at ~800 frames, and generation with the two recurrent methods only."""
     from hydra import compose, initialize_config_dir
-    from repro.config import CONF_DIR
+
+    from repro.cli.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         sweep = compose(config_name="config", overrides=["experiment=copy_claims_cpu"], return_hydra_config=True)
@@ -168,7 +173,8 @@ def test_claims_presets(compose_cfg):
     lsh = compose_cfg("experiment=copy_claims_cpu", "copy_attention=lsh-4")
     assert (lsh.attention.n_hashes, lsh.attention.n_buckets, lsh.attention.chunk_size) == (4, 16, 8)
     assert (lsh.task.max_len, lsh.trainer.max_steps, list(lsh.trainer.scheduler.milestones)) == (32, 4000, [2800])
-    assert compose_cfg("experiment=copy_claims_cpu", "copy_attention=linear").attention._target_.endswith("LinearAttention")
+    linear = compose_cfg("experiment=copy_claims_cpu", "copy_attention=linear")
+    assert linear.attention._target_.endswith("LinearAttention")
 
     asr = compose_cfg("experiment=asr_speed_claims_cpu", "attention=softmax-math")
     enc = asr.model.transformer

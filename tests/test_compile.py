@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from repro.attention import LinearAttention
-from repro.config import ConfigError
+from repro.cli.config import ConfigError
+from repro.common.results import read_jsonl
 from repro.models import AutoregressiveTransformer
 from repro.models.generate import generate
-from repro.results import read_jsonl
 from repro.tasks.copy import run
 from repro.training.loop import compile_step
 
@@ -74,6 +74,7 @@ def test_compiled_step_is_not_recompiled_per_position(name):
     position used to be specialized."""
     import torch._dynamo
     from torch._dynamo.utils import counters
+
     from repro.attention import SoftmaxAttention
     att = partial(LinearAttention) if name == "linear" else partial(SoftmaxAttention, initial_cache=32)
     model = AutoregressiveTransformer(att, 11, n_layers=2, d_model=16, n_heads=2, d_ff=16).eval()
@@ -177,6 +178,7 @@ def test_a_compiled_generation_longer_than_the_warm_up_does_not_recompile():
     of the (1, length) token buffer has stride (length,) and counts as contiguous, so the step
     must not see that stride."""
     import torch._dynamo
+
     from repro.tasks.throughput import compile_generation
     model = _tiny()
     compile_generation(model, "eager", 784, 1, torch.device("cpu"), sample_fn=_greedy)

@@ -4,8 +4,8 @@ import torch
 from hydra.utils import instantiate
 
 from repro.attention import AttentionLayer
-from repro.config import CONF_DIR, ConfigError, compose_group, group_options
-from repro.logging import make_logger
+from repro.cli.config import CONF_DIR, ConfigError, compose_group, group_options
+from repro.cli.logging import make_logger
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 
@@ -59,31 +59,38 @@ def test_wandb_offline_writes_a_local_run(compose_cfg, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("task", ["copy", "mnist", "asr"])
 def test_a_task_without_an_attention_says_so_in_one_line(compose_cfg, task):
-    from repro.config import attention_name
+    from repro.cli.attention import attention_name
     cfg = compose_cfg(f"task={task}", "~attention")
     with pytest.raises(ConfigError, match=f"^task={task} needs an attention: attention=<one of conf/attention>$"):
         attention_name(cfg)
 
 
 def test_attention_name_without_hydra_is_the_entry_the_config_equals(compose_cfg):
-    from repro.config import attention_name
+    from repro.cli.attention import attention_name
     assert attention_name(compose_cfg("task=copy", "attention=softmax-math")) == "softmax-math"
+    # a setting changed: still the entry it was built from (the closest of its class)
+    assert attention_name(compose_cfg("task=copy", "attention=linear", "attention.eps=1e-3")) == "linear"
+    assert attention_name(compose_cfg("task=copy", "attention=lsh-1", "attention.chunk_size=16")) == "lsh-1"
 
 
 BAD_COMMAND_LINES = [
     (["experiment=smoke_copy", "model.d_model=65"], "d_model=65 is not divisible by n_heads=4"),
     (["experiment=smoke_copy", "model.n_heads=0"], "model.n_heads=0: must be a positive integer"),
-    (["experiment=smoke_copy", "attention=lsh", "attention.chunk_size=0"], "lsh: chunk_size and n_hashes must be >= 1; got chunk_size=0"),
-    (["experiment=smoke_copy", "attention=performer", "attention.n_features=0"], "performer: n_features must be >= 1; got 0"),
+    (["experiment=smoke_copy", "attention=lsh", "attention.chunk_size=0"],
+     "lsh: chunk_size and n_hashes must be >= 1; got chunk_size=0"),
+    (["experiment=smoke_copy", "attention=performer", "attention.n_features=0"],
+     "performer: n_features must be >= 1; got 0"),
     (["experiment=smoke_copy", "attention=local", "attention.window=0"], "local: window must be >= 1; got 0"),
     (["experiment=smoke_copy", "task.max_len=abc"], "task.max_len='abc': expected an integer (preset: 24)"),
     (["experiment=smoke_mnist", "task.batch_size=2.5"], "task.batch_size=2.5: expected an integer (preset: 16)"),
     (["experiment=smoke_copy", "seed=abc"], "seed='abc': expected an integer (preset: 0)"),
     (["experiment=smoke_copy", "seed=1.5"], "seed=1.5: expected an integer (preset: 0)"),
-    (["experiment=smoke_copy", "trainer.lr=-1"], "trainer.lr is not a setting of this config; nearest: trainer.optimizer.lr"),
+    (["experiment=smoke_copy", "trainer.lr=-1"],
+     "trainer.lr is not a setting of this config; nearest: trainer.optimizer.lr"),
     (["-m", "experiment=smoke_copy", "seed=0,abc"], "seed='abc': expected an integer (preset: 0)"),
     # with the progress bar on (the default): the line is the error alone, not the bar's line
-    (["experiment=smoke_copy", "attention=linformer"], "attention linformer is non-causal only and task=copy is autoregressive"),
+    (["experiment=smoke_copy", "attention=linformer"],
+     "attention linformer is non-causal only and task=copy is autoregressive"),
     (["experiment=smoke_benchmark", "attention=bigbird"], "attention bigbird is non-causal only and task.causal=true"),
 ]
 
@@ -96,7 +103,7 @@ def test_a_bad_command_line_is_one_line_before_anything_runs(tmp_path, args, mes
     import subprocess
     import sys
 
-    from repro.results import REPO
+    from repro.common.results import REPO
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=env, capture_output=True,
@@ -108,7 +115,7 @@ def test_a_bad_command_line_is_one_line_before_anything_runs(tmp_path, args, mes
 
 
 def test_nearest_key_prefers_the_same_name(compose_cfg):
-    from repro.cli import nearest_key
+    from repro.cli.preflight import nearest_key
 
     cfg = compose_cfg("experiment=smoke_copy")
     assert nearest_key(cfg, "trainer.lr") == "trainer.optimizer.lr"
@@ -120,7 +127,7 @@ def test_nearest_key_prefers_the_same_name(compose_cfg):
                                       "model.dropout=0", "model.dropout=0.0"])
 def test_valid_overrides_that_look_odd_pass_the_command_line_check(override):
     """An interpolation, a list item and a zero dropout are the user's to set (they were refused)."""
-    from repro.cli import preflight
+    from repro.cli.preflight import preflight
 
     argv = ["experiment=smoke_copy", override]
     assert preflight(argv) == argv

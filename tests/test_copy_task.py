@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
+from repro.common.results import REPO, read_jsonl
 from repro.data import PAD, SEP, CopyTask
-from repro.results import REPO, read_jsonl
 from repro.tasks.copy import copy_loss
 
 
@@ -122,7 +122,8 @@ def test_multirun_aggregates_over_seeds(tmp_path):
     curves = pd.read_csv(tmp_path / "copy_curves.csv")
     for att in ("softmax", "linear"):
         losses = [r["loss"] for r in rows if r["kind"] == "train" and r["attention"] == att and r["step"] == 6]
-        c = curves[(curves.attention == att) & (curves.kind == "train") & (curves.metric == "loss") & (curves.step == 6)]
+        c = curves[(curves.attention == att) & (curves.kind == "train") & (curves.metric == "loss")
+                   & (curves.step == 6)]
         assert len(losses) == 2 and c.n_seeds.item() == 2
         assert c["mean"].item() == pytest.approx(sum(losses) / 2) and c["min"].item() == min(losses)
     final = pd.read_csv(tmp_path / "copy_final.csv")

@@ -1,4 +1,4 @@
-"""python -m repro.kernels.cpu_speed end to end on tiny sizes (no timing asserted): every
+"""python -m repro.reproduction.cpu_speed end to end on tiny sizes (no timing asserted): every
 measure of issue 18's table gets a row in the CSV and JSON, the peer's row says why it is
 missing when fast-transformers is not importable, and bad input is one line."""
 import json
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.kernels import cpu_speed
+from repro.reproduction import cpu_speed
 
 TINY = ["--threads", "1", "--rounds", "1", "--kernel-lengths", "40", "--pass-length", "64",
         "--layer-lengths", "16", "--layer-tokens", "32", "--generation-sizes", "mnist", "--generation-rounds", "1",
@@ -32,7 +32,7 @@ def test_every_row_written(tmp_path, monkeypatch, capsys):
     assert set(gen.index) == {"linear-compiled", "matvec-floor"} and (gen.n == 784).all()
     assert gen.x_floor["linear-compiled"] == pytest.approx(gen.ms["linear-compiled"] / gen.ms["matvec-floor"])
     doc = json.loads(js.read_text())
-    assert doc["command"].startswith("python -m repro.kernels.cpu_speed")
+    assert doc["command"].startswith("python -m repro.reproduction.cpu_speed")
     assert all(len(r["load_avg_1_5_15"]) == 3 and r["threads"] == 1 and r["git_sha"] for r in doc["rows"])
     assert "speedup_vs_softmax" in capsys.readouterr().out
 

@@ -1,7 +1,7 @@
 """The CuPy CUDA backend (repro/kernels/cupy_backend.py, causal_dot.cu, recurrent_step.cu).
 
 Without a GPU: every .cu source compiles with NVRTC for sm_80 and sm_90 (and with nvcc when
-it is installed), the numpy model of the kernels' tiling (repro/kernels/emulate.py) matches
+it is installed), the numpy model of the kernels' tiling (tests/kernel_emulation.py) matches
 the float64 reference, the ops' fakes (what torch.compile sees) match the real ops, and the
 backend declines CPU tensors with its reason.
 With a GPU: forward and gradients against the float64 reference, on odd shapes, with every
@@ -22,12 +22,19 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import kernel_emulation as emulate  # tests/kernel_emulation.py: the numpy model of the kernels' tiling
 import numpy as np
 import pytest
 import torch
 
-from repro.kernels import (causal_dot_product, causal_dot_product_chunked, causal_dot_product_naive,
-                           cuda_build, cupy_backend, emulate, select_backend)
+from repro.kernels import (
+    causal_dot_product,
+    causal_dot_product_chunked,
+    causal_dot_product_naive,
+    cuda_build,
+    cupy_backend,
+    select_backend,
+)
 
 CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not CUDA, reason="no CUDA device: the GPU tests of the CuPy kernels "
@@ -374,7 +381,7 @@ def test_bench_runs_on_cpu_with_missing_peers_and_resumes(tmp_path, monkeypatch,
     the ratios, and a rerun measures nothing twice. Also where a CUDA device is visible (faked
     here): the peers follow --device, not torch.cuda.is_available() (a GPU machine's step 1 ran
     this test and the peers tried to build for CUDA)."""
-    from repro.kernels import bench
+    from repro.reproduction import bench
     if cuda_visible and not CUDA:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     args = ["--device", "cpu", "--lengths", "70", "--dtypes", "fp32", "--batch", "1", "--heads", "2",
@@ -398,7 +405,7 @@ def test_bench_runs_on_cpu_with_missing_peers_and_resumes(tmp_path, monkeypatch,
 def test_bench_skips_a_method_whose_one_call_is_too_slow(tmp_path):
     """A point whose first call passes --max-call-s is 'skipped', and the longer N of that
     method and pass with it, also after a rerun (so a slow fp32 SDPA cannot eat the step)."""
-    from repro.kernels import bench
+    from repro.reproduction import bench
     args = ["--device", "cpu", "--lengths", "16", "32", "--dtypes", "fp32", "--batch", "1", "--heads", "1",
             "--dim", "4", "--warmup", "1", "--repeats", "1", "--calls", "1", "--methods", "torch",
             "--max-call-s", "1e-9", "--out-dir", str(tmp_path)]
@@ -415,7 +422,7 @@ def test_bench_fast_transformers_source_from_the_sdist(tmp_path):
     import io
     import tarfile
 
-    from repro.kernels import peers
+    from repro.reproduction import peers
     sdist = tmp_path / peers.FT_SDIST_NAMES[0]
     with tarfile.open(sdist, "w:gz") as tar:
         data = b"// the authors' kernel\n"
@@ -439,7 +446,7 @@ def test_kernels_and_their_tests_need_no_hydra():
                 if name.split(".")[0] in ("hydra", "omegaconf"):
                     raise ImportError(f"{name} is blocked for this test")
         sys.meta_path.insert(0, Block())
-        import repro.kernels, repro.kernels.bench, repro.kernels.cupy_backend, repro.kernels.peers
+        import repro.kernels, repro.reproduction.bench, repro.kernels.cupy_backend, repro.reproduction.peers
         import pytest
         sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:hydra_pytest", "tests/test_cupy_kernels.py",
                               "-k", "step_on_cpu or fakes or bench_runs"]))

@@ -2,7 +2,7 @@
 
 1. Every `python run.py ...` command (code blocks and inline code; `-m`, quotes, line
    continuations, env-var prefixes such as OMP_NUM_THREADS=1, `torchrun ... run.py ...`)
-   composes with Hydra's compose API and passes repro.cli.preflight (existing groups, options
+   composes with Hydra's compose API and passes repro.cli.preflight.preflight (existing groups, options
    and keys, values of the right type, the composed config valid). A sweep `a,b` is checked
    value by value. `hydra/launcher=X` must name a launcher; other `hydra.*` keys are Hydra's.
    Placeholders, the one documented form: `<words>` in a value (`trainer.resume=<run dir>`: the
@@ -19,7 +19,7 @@
    and it must be current) or follows a `<!-- csv: PATH ... -->` line naming the CSV/JSON files
    it quotes: each number in its cells (first column and columns headed aim, hardware, run or
    command aside) must be a value of those files, in the units shown (× s→ms, ×100 fraction→%,
-   bytes→MB...), rounded as shown, or a number of the paper's (repro/paper.py); a number
+   bytes→MB...), rounded as shown, or a number of the paper's (repro/common/paper.py); a number
    followed by × is a ratio of two values of one column.
 """
 import ast
@@ -34,8 +34,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro import report
-from repro.config import CONF_DIR, ConfigError
+from repro.cli.config import CONF_DIR, ConfigError
+from repro.reproduction import report
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
@@ -114,7 +114,7 @@ def _variants(overrides):
     """Single-run override lists covering every option of every group sweep (each in turn, the
     other sweeps at their first value): each composes a different config. A value sweep
     (seed=0,1,2) runs at its first value; preflight has type-checked every value."""
-    from repro.cli import _is_group
+    from repro.cli.preflight import _is_group
 
     values = [[f"{o.get_key_element()}={v}" for v in _sweep_values(o)] if o.is_sweep_override() else [o.input_line]
               for o in overrides]
@@ -127,7 +127,7 @@ def _variants(overrides):
 
 
 def _sweep_values(o):
-    from repro.cli import _values
+    from repro.cli.preflight import _values
 
     return [v if isinstance(v, str) else _override_text(v) for v in _values(o)]
 
@@ -149,10 +149,10 @@ def check_command(args: list[str]) -> str | None:
 
 @functools.lru_cache(maxsize=None)  # pages repeat commands; each check composes the config twice or more
 def _check_command(args: tuple[str, ...]) -> str | None:
-    from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
-    from repro.cli import _has_key, preflight
+
+    from repro.cli.preflight import preflight
 
     plain, keys_only, flags = [], [], iter(args)
     for arg in flags:
@@ -203,10 +203,10 @@ def _check_single(variant: tuple[str, ...], keys_only: tuple[str, ...]) -> str |
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    from repro.cli import _has_key, preflight
+    from repro.cli.preflight import _has_key, preflight
 
     try:
-        preflight(list(variant), pin_sweep_dir=False)  # repro.cli's one-line messages first
+        preflight(list(variant), pin_sweep_dir=False)  # repro.cli.preflight's one-line messages first
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(variant), return_hydra_config=True)
     except (HydraException, ConfigError) as e:
@@ -306,7 +306,7 @@ def _columns_of(path: Path) -> dict[str, np.ndarray]:
 
 
 def paper_numbers() -> set:
-    tree = ast.parse((REPO / "repro" / "paper.py").read_text())
+    tree = ast.parse((REPO / "repro" / "common" / "paper.py").read_text())
     return {float(n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant)
             and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)}
 
@@ -330,7 +330,7 @@ def table_problems(page: Path, repo: Path = REPO) -> list[str]:
     for at, rows in tables(text):
         header, body = rows[0], rows[1:]
         if any(a <= at <= b for a, b in blocks):
-            continue  # written by repro.report, checked by test_report_blocks_current
+            continue  # written by repro.reproduction.report, checked by test_report_blocks_current
         before = next((line for line in reversed(lines[:at]) if line.strip()), "").strip()
         if re.fullmatch(r"<!-- unchecked: .+ -->", before) and (page.name, header[0]) in UNCHECKED:
             continue
@@ -453,7 +453,8 @@ def test_a_missing_path_fails(tmp_path):
     (tmp_path / "docs").mkdir()
     page = tmp_path / "docs" / "page.md"
     (tmp_path / "docs" / "other.md").write_text("# Other\n\n## A heading, with: punctuation\n")
-    page.write_text("See `repro/report.py`, `conf/attention/{lsh,softmax}.yaml`, `results/gpu/<device>/`, "
+    page.write_text("See `repro/reproduction/report/build.py`, `conf/attention/{lsh,softmax}.yaml`, "
+                    "`results/gpu/<device>/`, "
                     "[the other page](other.md#a-heading-with-punctuation) and `python -m repro.report`.\n")
     assert missing_paths(page, REPO) == []
     page.write_text("See `repro/nope.py`, `conf/attention/{lsh,nope}.yaml`, [x](../results/NOPE.md), "
@@ -478,7 +479,7 @@ def test_a_stale_table_fails(tmp_path):
         "line 2: linear | speed-up: 1.19× is not a ratio of two values of one column of r.csv that the page shows"]
     page.write_text(good.replace("<!-- csv: r.csv -->\n", ""))  # no source at all
     assert "neither a <!-- csv: ... --> line nor a <!-- report:NAME --> block" in table_problems(page, tmp_path)[0]
-    # a block repro.report writes: current when just written, stale once edited by hand
+    # a block repro.reproduction.report writes: current when just written, stale once edited by hand
     page.write_text("<!-- report:table_5 -->\nold\n<!-- /report:table_5 -->\n")
     assert stale_blocks(page)
     page.write_text(report.render_blocks(page, REPO / "results"))

@@ -67,5 +67,6 @@ def test_tree_leaves_room_for_the_bundle():
 def test_bundle_script_leaves_the_returned_folder_alone():
     """A lent GPU machine sends back $OUT; gpu_bundle.sh empties its destination folder, so it
     must not take that folder from a variable named OUT."""
-    code = [ln for ln in (REPO / "scripts" / "gpu_bundle.sh").read_text().splitlines() if not ln.lstrip().startswith("#")]
+    code = [ln for ln in (REPO / "scripts" / "gpu_bundle.sh").read_text().splitlines()
+            if not ln.lstrip().startswith("#")]
     assert not [ln for ln in code if re.search(r"\bOUT\b", ln)]

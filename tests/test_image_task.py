@@ -14,11 +14,11 @@ import torch
 from hydra.utils import instantiate
 from PIL import Image
 
-from repro.config import ConfigError, compose_group
+from repro.cli.config import ConfigError, compose_group
+from repro.common.results import read_jsonl
 from repro.data import images as image_data
 from repro.data.images import load_images, resize
 from repro.models.pixels import PixelTransformer, to_sequence
-from repro.results import read_jsonl
 from repro.tasks import image
 
 
@@ -42,8 +42,10 @@ def write_mnist_like(raw, rng, n_train=7, n_test=3):
 def test_idx_files_load_through_torchvision(tmp_path, name, folder):
     sets = write_mnist_like(tmp_path / folder / "raw", np.random.default_rng(1))
     splits = load_images(name, tmp_path, source="torchvision")
-    assert splits.train.dtype == torch.uint8 and splits.train.shape == (7, 1, 28, 28) and splits.test.shape == (3, 1, 28, 28)
-    assert np.array_equal(splits.train[:, 0].numpy(), sets["train"]) and np.array_equal(splits.test[:, 0].numpy(), sets["t10k"])
+    assert (splits.train.dtype == torch.uint8 and splits.train.shape == (7, 1, 28, 28)
+            and splits.test.shape == (3, 1, 28, 28))
+    assert (np.array_equal(splits.train[:, 0].numpy(), sets["train"])
+            and np.array_equal(splits.test[:, 0].numpy(), sets["t10k"]))
     assert "torchvision" in splits.source
 
 
@@ -100,7 +102,8 @@ def test_debian_fashion_mnist_is_unpacked_for_torchvision(tmp_path, monkeypatch)
         (debian / f).unlink()
     monkeypatch.setattr(image_data, "DEBIAN_FASHION", debian)
     splits = load_images("fashion_mnist", tmp_path / "data", source="debian")
-    assert "Debian" in splits.source and (tmp_path / "data" / "FashionMNIST" / "raw" / "t10k-images-idx3-ubyte").is_file()
+    assert ("Debian" in splits.source
+            and (tmp_path / "data" / "FashionMNIST" / "raw" / "t10k-images-idx3-ubyte").is_file())
     assert np.array_equal(splits.test[:, 0].numpy(), sets["t10k"])
     monkeypatch.setattr(image_data, "DEBIAN_FASHION", tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="apt-get install dataset-fashion-mnist"):
@@ -167,7 +170,8 @@ def test_training_lowers_bits_per_dim_writes_grids_and_resumes(compose_cfg, tmp_
     assert evals[-1]["predicted_dims"] == 63 and evals[-1]["sampling_mode"] == "recurrent"
     grid = Image.open(evals[-1]["samples"])  # 3 rows (free, completed halves, originals) of 3 8x8 images
     assert grid.size == (3 * 9 + 1, 3 * 9 + 1)
-    assert (tmp_path / "whole" / "bpd_curves.png").is_file() and "paper_bits_per_dim" in (tmp_path / "whole" / "table.txt").read_text()
+    assert ((tmp_path / "whole" / "bpd_curves.png").is_file()
+            and "paper_bits_per_dim" in (tmp_path / "whole" / "table.txt").read_text())
     first = train(compose_cfg, tmp_path / "first", "trainer.max_steps=20")
     rest = train(compose_cfg, tmp_path / "rest", "trainer.max_steps=40", f"trainer.resume={tmp_path / 'first'}")
     losses = lambda rows: {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}  # noqa: E731
@@ -178,7 +182,8 @@ def test_training_lowers_bits_per_dim_writes_grids_and_resumes(compose_cfg, tmp_
                       f"+run_dir={tmp_path / 'sampled'}")
     image.run(cfg)
     row = read_jsonl(tmp_path / "sampled" / "results.jsonl")[0]
-    assert row["status"] == "ok" and row["step"] == 40 and Image.open(tmp_path / "sampled" / "samples.png").size == (2 * 9 + 1, 3 * 9 + 1)
+    assert (row["status"] == "ok" and row["step"] == 40
+            and Image.open(tmp_path / "sampled" / "samples.png").size == (2 * 9 + 1, 3 * 9 + 1))
 
 
 def test_a_time_limited_run_writes_its_summary(compose_cfg, tmp_path):
@@ -220,7 +225,8 @@ def test_bad_mode_and_missing_checkpoint_are_one_line(compose_cfg, tmp_path):
 
 def test_rows_record_the_attention_settings_used(compose_cfg, tmp_path):
     """task.attention_settings gives LSH the paper's chunk of 29 (the attention's yaml says 32)."""
-    rows = train(compose_cfg, tmp_path, "attention=lsh", "trainer.max_steps=1", "trainer.eval_every=0", "task.n_samples=0")
+    rows = train(compose_cfg, tmp_path, "attention=lsh", "trainer.max_steps=1", "trainer.eval_every=0",
+                 "task.n_samples=0")
     assert rows[-1]["attention_settings"] == {"_target_": "repro.attention.lsh.LSHAttention", "n_buckets": 64,
                                               "chunk_size": 29, "n_hashes": 4, "combine": "lse", "planes": "per_head",
                                               "redraw": "train", "attention_dropout": 0.0}
@@ -233,7 +239,7 @@ def test_attention_settings_on_the_command_line_win(tmp_path):
     import subprocess
     import sys
 
-    from repro.results import REPO
+    from repro.common.results import REPO
 
     common = [sys.executable, "run.py", "experiment=smoke_mnist", "attention=lsh", "trainer.max_steps=1",
               "trainer.eval_every=0", "task.n_samples=0", "trainer.progress=false"]

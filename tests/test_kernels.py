@@ -2,8 +2,14 @@
 import pytest
 import torch
 
-from repro.kernels import (causal_dot_product, causal_dot_product_chunked, causal_dot_product_loop,
-                           causal_dot_product_naive, default_chunk_size, select_backend)
+from repro.kernels import (
+    causal_dot_product,
+    causal_dot_product_chunked,
+    causal_dot_product_loop,
+    causal_dot_product_naive,
+    default_chunk_size,
+    select_backend,
+)
 
 SHAPES = [  # (B, H, N, D, M): N = 1, N below / not a multiple of / far past the chunk, D != M
     (1, 1, 1, 4, 4),
@@ -117,7 +123,7 @@ def test_dispatcher_on_cpu(monkeypatch):
 def test_kernels_task_names_the_backend_the_dispatcher_took(compose_cfg, tmp_path):
     """task=kernels times the chunked path itself and, apart, the dispatcher (on this CPU it
     takes the torch path; on a GPU the CuPy kernels once verified): each row says which."""
-    from repro.results import read_jsonl
+    from repro.common.results import read_jsonl
     from repro.tasks.kernels import run
     cfg = compose_cfg("task=kernels", "task.implementations=[chunked,dispatcher,naive]", "task.lengths=[20]",
                       "task.heads=1", "task.d=4", "task.m=3", "task.warmup=0", "task.repeats=1", "device=cpu",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from repro.results import read_jsonl
+from repro.common.results import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["experiment=smoke_copy", "task.max_len=12", "task.batch_size=4", "model.n_layers=1", "model.d_model=16",
@@ -44,7 +44,8 @@ def test_sweep_through_launcher_completes_and_aggregates(tmp_path, launcher):
     rows = read_jsonl(sweep / "copy.jsonl")
     finals = [r for r in rows if r["kind"] == "final"]
     assert sorted(r["seed"] for r in finals) == [0, 1] and all(r["status"] == "ok" for r in finals)
-    assert sorted({r["git_sha"] for r in rows}) and (sweep / "0/results.jsonl").is_file() and (sweep / "1/results.jsonl").is_file()
+    assert (sorted({r["git_sha"] for r in rows}) and (sweep / "0/results.jsonl").is_file()
+            and (sweep / "1/results.jsonl").is_file())
     table = pd.read_csv(sweep / "copy_final.csv")
     assert table.n_seeds.tolist() == [2] and (sweep / "copy_curves.png").stat().st_size > 0
     if launcher == "slurm_local":  # submitit's own job folder: pickled job, logs, result
@@ -54,12 +55,13 @@ def test_sweep_through_launcher_completes_and_aggregates(tmp_path, launcher):
 def test_slurm_config_takes_cluster_overrides(compose_cfg):
     from hydra import compose, initialize_config_dir
 
-    from repro.config import CONF_DIR
+    from repro.cli.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", return_hydra_config=True,
-                      overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=4",
-                                 "hydra.launcher.tasks_per_node=4", "hydra.launcher.nodes=2",
+                      overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                                 "hydra.launcher.gpus_per_node=4", "hydra.launcher.tasks_per_node=4",
+                                 "hydra.launcher.nodes=2",
                                  "hydra.launcher.timeout_min=2880"])
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
@@ -82,7 +84,8 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert pd.read_csv(sweep / "copy_final.csv").attention.tolist() == ["linear"]
     lines = proc.stderr.splitlines()
     i = lines.index("error: 1 of 2 jobs of the sweep failed:")
-    assert lines[i + 1].startswith("  #0 ") and "attention=linformer: attention linformer is non-causal only" in lines[i + 1]
+    assert (lines[i + 1].startswith("  #0 ")
+            and "attention=linformer: attention linformer is non-causal only" in lines[i + 1])
     assert "Traceback" not in proc.stderr
 
 
@@ -115,7 +118,7 @@ def test_a_sweep_run_again_into_its_dir_resumes_its_jobs_and_forgets_old_failure
 
 def test_the_sweep_dir_is_pinned_when_hydra_alone_can_expand_the_sweep(tmp_path):
     """A glob() sweep, or hydra.mode=MULTIRUN without -m, still gets one fixed sweep dir."""
-    from repro.cli import preflight
+    from repro.cli.preflight import preflight
 
     for argv in (["-m", *TINY, "attention=glob(linear)"], ["hydra.mode=MULTIRUN", *TINY, "seed=0,1"]):
         pinned = [a for a in preflight(argv) if a.startswith("hydra.sweep.dir=")]
@@ -128,7 +131,7 @@ def test_the_job_log_keeps_a_progress_bar_as_its_last_state():
     import io
     import logging
 
-    from repro.logging import _Tee
+    from repro.cli.logging import _Tee
 
     class Lines(logging.Handler):
         def __init__(self):
@@ -146,3 +149,19 @@ def test_the_job_log_keeps_a_progress_bar_as_its_last_state():
     tee.write("\nplain line\nhalf")
     tee.write(" a line\n")
     assert handler.lines == [f" 4999/5000 |{'#' * 39:40s}|", "plain line", "half a line"]
+
+
+def test_a_launcher_sweep_publishes_its_aggregate(tmp_path):
+    """task.publish in a sweep: the sweep's aggregate (every job's rows) lands in the publish
+    folder, found through each job's config; it used to hold the last job's rows alone (the
+    callback aggregated without publishing, for the tasks that publish by argument)."""
+    publish = Path("outputs") / f"test-publish-{os.getpid()}"
+    try:
+        hydra_run(tmp_path, "-m", "hydra/launcher=joblib_cpu", "experiment=smoke_benchmark", "model=tiny",
+                  "attention=softmax,linear", "task.lengths=[16]", "task.tokens=16", "task.repeats=1",
+                  "task.warmup=0", "task.isolate=false", f"task.publish={publish}")
+        table = pd.read_csv(REPO / publish / "benchmark.csv")
+        assert sorted(table.attention) == ["linear", "softmax"], table
+    finally:
+        import shutil
+        shutil.rmtree(REPO / publish, ignore_errors=True)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from repro.config import compose_group
+from repro.cli.config import compose_group
 from repro.models import AutoregressiveTransformer, Transformer, sinusoid
 
 
@@ -159,7 +159,7 @@ def test_pixel_model_bits_per_dim_and_sequence_layout():
 
 
 def test_throughput_task_runs_and_labels_extrapolation(compose_cfg, tmp_path):
-    from repro.results import read_jsonl
+    from repro.common.results import read_jsonl
     from repro.tasks import throughput
     cfg = compose_cfg("task=throughput", "model=tiny", "task.sizes=[mnist]", "task.batches=[2]",
                       "task.time_budget_s=0.3", "task.probes=3", "task.methods.linear-compiled.compile=eager",
@@ -194,7 +194,7 @@ def test_matvec_floor_reads_every_weight_matrix_once():
 
 
 def test_throughput_compile_settings_fail_in_one_line(compose_cfg, tmp_path):
-    from repro.config import ConfigError
+    from repro.cli.config import ConfigError
     from repro.tasks import throughput
     base = ("task=throughput", "model=tiny", "task.sizes=[mnist]", f"+run_dir={tmp_path}")
     with pytest.raises(ConfigError, match="task.methods.linear-compiled.compile='nope'; valid: .*inductor"):
@@ -210,7 +210,8 @@ def test_throughput_failed_compile_is_an_error_row(compose_cfg, tmp_path):
     error with its reason, and the other rows are still measured and tabled."""
     from torch._dynamo import list_backends
     from torch._dynamo.backends.registry import register_backend
-    from repro.results import read_jsonl
+
+    from repro.common.results import read_jsonl
     from repro.tasks import throughput
 
     if "repro_test_failing" not in list_backends(exclude_tags=()):

@@ -6,9 +6,9 @@ import shutil
 
 import pandas as pd
 
-from repro import paper
-from repro.report import build, main
-from repro.results import REPO
+from repro.common import paper
+from repro.common.results import REPO
+from repro.reproduction.report import build, main
 
 CPU, GPU = "AMD EPYC (2 cores, 1 threads)", "NVIDIA H100 80GB HBM3"
 
@@ -16,14 +16,14 @@ CPU, GPU = "AMD EPYC (2 cores, 1 threads)", "NVIDIA H100 80GB HBM3"
 def row(md, first, section):
     """The cells of the table row starting with `first` inside `section` of the markdown."""
     part = md.split(section, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
-    line = next(l for l in part.splitlines() if l.startswith(f"| {first} |"))
+    line = next(ln for ln in part.splitlines() if ln.startswith(f"| {first} |"))
     return [c.strip() for c in line.strip("|").split("|")]
 
 
 def cells(md, first, section) -> dict:
     """{column header: cell} of the table row starting with `first` inside `section`."""
     part = md.split(section, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
-    lines = [l for l in part.splitlines() if l.startswith("|")]
+    lines = [ln for ln in part.splitlines() if ln.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     return dict(zip(header, row(md, first, section)))
 
@@ -31,12 +31,13 @@ def cells(md, first, section) -> dict:
 def fake_results(root):
     bench = root / "fig1"
     bench.mkdir(parents=True)
-    pd.DataFrame([{"attention": "linear", "n": 4096, "status": "ok", "time_per_sample_ms": 7.25, "mem_per_sample_mb": 91.5,
-                   "causal": True, "device": GPU},
+    pd.DataFrame([{"attention": "linear", "n": 4096, "status": "ok", "time_per_sample_ms": 7.25,
+                   "mem_per_sample_mb": 91.5, "causal": True, "device": GPU},
                   {"attention": "softmax", "n": 4096, "status": "oom", "time_per_sample_ms": None,
                    "mem_per_sample_mb": None, "causal": True, "device": GPU},
                   {"attention": "softmax-math", "n": 512, "status": "ok", "time_per_sample_ms": 3.5,
-                   "mem_per_sample_mb": 20.0, "causal": True, "device": GPU}]).to_csv(bench / "benchmark.csv", index=False)
+                   "mem_per_sample_mb": 20.0, "causal": True, "device": GPU}]).to_csv(
+        bench / "benchmark.csv", index=False)
     (bench / "summary.json").write_text(json.dumps({"attentions": {
         "linear": {"time_slope_all": 1.04, "mem_slope_all": 0.98, "largest_n": 65536},
         "softmax-math": {"time_slope_all": 1.9, "mem_slope_all": 1.8, "largest_n": 4096}}}))
@@ -48,8 +49,9 @@ def fake_results(root):
                    "extrapolated": False, "device": GPU},
                   {"size": "mnist", "method": "linear", "batch": 10, "seconds_per_image": 0.0125, "images_per_s": 80.0,
                    "extrapolated": False, "device": GPU},
-                  {"size": "cifar", "method": "softmax", "batch": 1, "seconds_per_image": 9000.0, "images_per_s": 1 / 9000,
-                   "extrapolated": True, "device": CPU}]).to_csv(thr / "throughput.csv", index=False)
+                  {"size": "cifar", "method": "softmax", "batch": 1, "seconds_per_image": 9000.0,
+                   "images_per_s": 1 / 9000, "extrapolated": True, "device": CPU}]).to_csv(
+        thr / "throughput.csv", index=False)
     measured = root / "throughput" / "cpu_measured"  # a measured CPU run at batch 1
     measured.mkdir(parents=True)
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.4, "images_per_s": 2.5,
@@ -71,15 +73,17 @@ def fake_results(root):
     (asr / "README.md").write_text("Made by\n\n    python run.py task=asr attention=linear\n")
     table = root / "asr_table"  # the ASR task's own table: percentages, model names, device in its rows
     table.mkdir()
-    pd.DataFrame([{"model": "bilstm", "valid_per_%": 0.8, "s_per_epoch": 12.5}]).to_csv(table / "asr_table.csv", index=False)
+    pd.DataFrame([{"model": "bilstm", "valid_per_%": 0.8, "s_per_epoch": 12.5}]).to_csv(table / "asr_table.csv",
+                                                                                        index=False)
     (table / "asr_rows.jsonl").write_text(json.dumps({"task": "asr", "device": CPU}) + "\n")
     (table / "command.txt").write_text("python run.py -m experiment=asr_table_cpu\n")
     timing = root / "asr_timing"  # a timing run: 20 updates of an untrained model, its label says so
     timing.mkdir()
-    pd.DataFrame([{"model": "linear", "valid_per_%": 98.5, "s_per_epoch": 44.5}]).to_csv(timing / "asr_table.csv", index=False)
+    pd.DataFrame([{"model": "linear", "valid_per_%": 98.5, "s_per_epoch": 44.5}]).to_csv(timing / "asr_table.csv",
+                                                                                         index=False)
     (timing / "asr_rows.jsonl").write_text(json.dumps({"task": "asr", "device": CPU, "label": "CPU timing run"}) + "\n")
     (root / "kernels").mkdir()
-    (root / "kernels" / "README.md").write_text("    python -m repro.kernels.bench\n")
+    (root / "kernels" / "README.md").write_text("    python -m repro.reproduction.bench\n")
 
 
 def test_report_puts_ours_beside_the_paper(tmp_path):
@@ -97,7 +101,8 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert "![Figure 1, fig1](fig1/benchmark.png)" in md
     # CPU and GPU values each in their own column: CPU bits/dim beside CPU images/s, the GPU's apart
     t1 = cells(md, "linear", "### Table 1: MNIST")
-    assert (t1["paper bits/dim"], t1["our bits/dim, CPU"], t1[f"our bits/dim, {GPU}"]) == ("0.644", "0.71", "not yet run")
+    assert (t1["paper bits/dim"], t1["our bits/dim, CPU"], t1[f"our bits/dim, {GPU}"]) == (
+        "0.644", "0.71", "not yet run")
     assert (t1["paper images/s"], t1["our images/s, CPU"], t1[f"our images/s, {GPU}"]) == (
         "142.8", "2 (extrapolated) at batch 1", "80 at batch 10")
     assert CPU in t1["our CPU hardware"] and GPU not in t1["our CPU hardware"]
@@ -114,7 +119,8 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert row(md, "stateful-softmax", "### Table 4, MNIST")[1:3] == ["7.56", "not yet run"]
     assert "stateful-softmax" not in md.split("### Table 1: MNIST", 1)[1].split("\n## ", 1)[0]  # not in Tables 1/2
     t5 = cells(md, "linear", "### Table 5, MNIST")  # a measured run beats a later extrapolated one
-    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == ("5.5", "7.3", "0.4", "0.123")
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == (
+        "5.5", "7.3", "0.4", "0.123")
     t5 = cells(md, "softmax", "### Table 5, CIFAR-10")
     assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == (
         "8,651", "300.1", "9,000 (extrapolated)", "not yet run")
@@ -125,7 +131,7 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert row(md, "bilstm", "### asr_table")[1:5] == ["10.94", "0.8", "1047", "12.5"]  # 0.8 %, not 80 %
     assert f"Hardware: {CPU}" in md.split("### asr_table", 1)[1]
     assert "Figure 2: the copy task" in md and "not yet run" in md.split("## Figure 2", 1)[1].split("##", 1)[0]
-    assert re.search(r"\[kernels\]\(kernels/README.md\): `python -m repro.kernels.bench`", md)
+    assert re.search(r"\[kernels\]\(kernels/README.md\): `python -m repro.reproduction.bench`", md)
     others = md.split("## Other results", 1)[1]
     assert "[asr]" not in others and "[asr_table]" not in others  # tabled in Table 3, so not "other"
     other = (tmp_path / "elsewhere" / "R.md").read_text()
@@ -148,7 +154,7 @@ def test_the_committed_results_build(tmp_path):
 
 
 # Values printed in only one table of the paper (arXiv 2006.16236 v3), written out by hand here
-# (not taken from repro.paper): a report section showing one of them must name that table.
+# (not taken from repro.common.paper): a report section showing one of them must name that table.
 ONLY_IN = {"Table 1": {"0.621", "0.745", "0.676", "0.644"},          # MNIST bits/dim
            "Table 2": {"3.47", "3.39", "3.51", "3.4"},               # CIFAR-10 bits/dim
            "Table 4": {"7.56", "0.32"},                              # stateful softmax images/s
@@ -201,7 +207,7 @@ def fake(tmp_path):
     return root
 
 
-# ----------------------------------------------------------------------------- GPU results (repro.reproduce_gpu)
+# ---------------------------------------------------------------------- GPU results (repro.reproduction.reproduce_gpu)
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
@@ -213,7 +219,8 @@ def gpu_results(root):
     cpu_img.mkdir(parents=True)
     pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": 1.69}]).to_csv(
         cpu_img / "bpd_final.csv", index=False)
-    (cpu_img / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": CPU, "kind": "final"}) + "\n")
+    (cpu_img / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": CPU, "kind": "final"})
+                                              + "\n")
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 5.0, "images_per_s": 0.2,
                    "extrapolated": False, "device": CPU}]).to_csv(cpu_img / "throughput.csv", index=False)
     for gpu, folder, bpd, ips, spi in ((H100, "NVIDIA_H100_80GB_HBM3", 0.91, 300.0, 0.7),
@@ -223,7 +230,8 @@ def gpu_results(root):
         mnist.mkdir(parents=True)
         pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": bpd}]).to_csv(
             mnist / "bpd_final.csv", index=False)
-        (mnist / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": gpu, "kind": "final"}) + "\n")
+        (mnist / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": gpu, "kind": "final"})
+                                                + "\n")
         pd.DataFrame([{"attention": a, "step": s, "elapsed_s": s * 0.01, "eval_bpd": b, "device": gpu}
                       for a, s, b in (("linear", 250, 1.4), ("linear", 500, 1.1), ("softmax", 250, 1.6))]).to_csv(
             mnist / "bpd_vs_time.csv", index=False)
@@ -253,7 +261,8 @@ def test_cpu_and_gpu_values_land_in_their_own_columns(tmp_path):
     gpu_results(root)
     md = build(root, root / "REPORT.md")
     t1 = cells(md, "linear", "### Table 1: MNIST")
-    assert (t1["our bits/dim, CPU"], t1[f"our bits/dim, {H100}"], t1[f"our bits/dim, {H200}"]) == ("1.69", "0.91", "0.93")
+    assert (t1["our bits/dim, CPU"], t1[f"our bits/dim, {H100}"], t1[f"our bits/dim, {H200}"]) == (
+        "1.69", "0.91", "0.93")
     assert (t1["our images/s, CPU"], t1[f"our images/s, {H100}"], t1[f"our images/s, {H200}"]) == (
         "0.2 at batch 1", "300 at batch 256", "350 at batch 256")
     assert t1["our CPU hardware"] == CPU  # the GPUs are named by their columns, not here
@@ -264,7 +273,8 @@ def test_cpu_and_gpu_values_land_in_their_own_columns(tmp_path):
         == ("5.5", "7.3", "5", "0.7", "0.6")
     assert "not measured yet" not in md.split("## Tables 1 and 2", 1)[1].split("## Table 3", 1)[0]
     # bits/dim against training time, per GPU run: the last and best evaluation of each attention
-    t = cells(md, "linear", "### Table 1, MNIST: held-out bits/dim against training time (gpu/NVIDIA_H100_80GB_HBM3/mnist)")
+    t = cells(md, "linear",
+              "### Table 1, MNIST: held-out bits/dim against training time (gpu/NVIDIA_H100_80GB_HBM3/mnist)")
     assert (t["paper bits/dim (converged)"], t["our last step"], t["our training s"], t["our last bits/dim"]) == (
         "0.644", "500", "5", "1.1")
     assert "](gpu/NVIDIA_H100_80GB_HBM3/mnist/bpd_vs_time.png)" in md
@@ -297,13 +307,14 @@ def test_kernel_targets_stand_met_or_not_met_on_either_side(tmp_path):
                 bench_row(dev, "cupy", "fp32", "fwd", 0.32), bench_row(dev, "cupy", "fp32", "fwd_bwd", 1.25),
                 bench_row(dev, "fast_transformers", "fp32", "fwd", ft_fwd),
                 bench_row(dev, "fast_transformers", "fp32", "fwd_bwd", ft_bwd),
-                bench_row(dev, "fla_chunk", "bf16", "fwd", fla_fwd), bench_row(dev, "fla_chunk", "bf16", "fwd_bwd", fla_bwd),
+                bench_row(dev, "fla_chunk", "bf16", "fwd", fla_fwd),
+                bench_row(dev, "fla_chunk", "bf16", "fwd_bwd", fla_bwd),
                 # another N, and an earlier row of the target point: neither counts
                 bench_row(dev, "cupy", "bf16", "fwd", 0.01, n=8192),
                 bench_row(dev, "cupy", "bf16", "fwd", 0.01, time="2026-11-22T12:00:00+00:00"),
                 bench_row(dev, "sdpa", "bf16", "fwd", 0.5, status="missing: no reason")]
         pd.DataFrame(rows).to_csv(d / "bench.csv", index=False)
-        (d / "command.txt").write_text("python -m repro.kernels.bench --out-dir x\n")
+        (d / "command.txt").write_text("python -m repro.reproduction.bench --out-dir x\n")
     md = build(root, root / "REPORT.md")
     h100 = f"### Kernel targets on {H100}\n"
     assert row(md, "forward <= 0.32 ms, bf16", h100) == ["forward <= 0.32 ms, bf16", "0.32 ms (62% of floor)", "met"]
@@ -316,7 +327,8 @@ def test_kernel_targets_stand_met_or_not_met_on_either_side(tmp_path):
     h200 = f"### Kernel targets on {H200} (the targets were set for an H100)"
     for target in ("forward <= 0.32 ms, bf16", "forward + backward <= 1.25 ms, bf16",
                    ">= 10x the authors' kernel, fp32, forward", ">= 10x the authors' kernel, fp32, forward + backward",
-                   "faster than fla's chunk kernel, bf16, forward", "faster than fla's chunk kernel, bf16, forward + backward"):
+                   "faster than fla's chunk kernel, bf16, forward",
+                   "faster than fla's chunk kernel, bf16, forward + backward"):
         assert row(md, target, h200)[2] == "not met", target
     # each run's own table: ms and % of the floor per method, why a method has no number
     t = cells(md, "bf16 | fwd | 8 x 8 x 64 | 16384", "### gpu/NVIDIA_H100_80GB_HBM3/kernels")
@@ -369,7 +381,8 @@ def _cpu_speed_csv(path, threads, layer_256, peer=True, sha="abc123"):
                  "status": "missing: fast_transformers not importable"})
     rows += [{**base, "measure": "forward", "method": "ours", "n": 4096, "ms": 15.0, "matmul_gflops": 70.0,
               "gemm_gflops": 150.0},
-             {**base, "measure": "backward_dense", "method": "ours", "n": 4096, "ms": 33.0, "x_forward": 2.2, "met": True},
+             {**base, "measure": "backward_dense", "method": "ours", "n": 4096, "ms": 33.0, "x_forward": 2.2,
+              "met": True},
              {**base, "measure": "backward_sum", "method": "ours", "n": 4096, "ms": 34.0, "x_dense": 1.03, "met": True},
              {**base, "measure": "layer", "method": "linear", "n": 256, "ms": 400.0, "speedup_vs_softmax": layer_256,
               "met": layer_256 > 1},
@@ -379,7 +392,8 @@ def _cpu_speed_csv(path, threads, layer_256, peer=True, sha="abc123"):
              {**base, "measure": "generation", "method": "matvec-floor", "n": 784, "ms": 794.0}]
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(path, index=False)
-    path.with_suffix(".json").write_text(json.dumps({"command": f"python -m repro.kernels.cpu_speed --threads {threads}"}))
+    path.with_suffix(".json").write_text(
+        json.dumps({"command": f"python -m repro.reproduction.cpu_speed --threads {threads}"}))
 
 
 def test_the_cpu_speed_section_shows_the_newest_run_per_thread_count(tmp_path):
@@ -395,7 +409,7 @@ def test_the_cpu_speed_section_shows_the_newest_run_per_thread_count(tmp_path):
     one, two = section.split("**2 threads**")
     assert "new1" in one and "old1" not in section and "two2" in two
     assert "cpu_speed_1t_20261123T120000.csv" in one and "--threads 1" in one and "load 0.5–0.5" in one
-    row_of = lambda part, first: next(l for l in part.splitlines() if l.startswith(f"| {first}"))
+    row_of = lambda part, first: next(ln for ln in part.splitlines() if ln.startswith(f"| {first}"))
     assert row_of(one, "`causal_dot_product` fwd + bwd, N = 1,024").endswith(
         "| 12.0 ms | fast-transformers 42.0 ms | 3.50× faster | ≥ 2× | yes |")
     assert "1.05× faster | > 1× | yes" in row_of(one, "layer fwd + bwd, 16,384 tokens, N = 256")
@@ -405,3 +419,50 @@ def test_the_cpu_speed_section_shows_the_newest_run_per_thread_count(tmp_path):
         one, "batch-1 generation, MNIST")
     assert "2.20× | ≤ 2.5× | yes" in row_of(one, "backward, dense gradient")
     assert "## Other results" not in md  # the folder is the section's, not listed again
+
+
+# ----------------------------------------------------------------------------- the declared tables (schema)
+
+def test_a_renamed_column_fails_naming_the_file_and_the_column(tmp_path):
+    """A section declares the tables it reads: a benchmark.csv whose time column was renamed is
+    one error naming the file and the missing column, not a section that skips the folder."""
+    import pytest
+
+    from repro.reproduction.report import SchemaError
+
+    fake_results(tmp_path)
+    path = tmp_path / "fig1" / "benchmark.csv"
+    pd.read_csv(path).rename(columns={"time_per_sample_ms": "ms_per_sample"}).to_csv(path, index=False)
+    with pytest.raises(SchemaError, match=r"fig1/benchmark\.csv: no column 'time_per_sample_ms'"):
+        build(tmp_path, tmp_path / "REPORT.md")
+
+
+def test_text_in_a_number_column_and_a_torn_csv_fail_naming_the_file(tmp_path):
+    import pytest
+
+    from repro.reproduction.report import SchemaError
+
+    fake_results(tmp_path)
+    path = tmp_path / "fig1" / "benchmark.csv"
+    df = pd.read_csv(path).astype({"mem_per_sample_mb": object})
+    df.loc[2, "mem_per_sample_mb"] = "twenty"
+    df.to_csv(path, index=False)
+    with pytest.raises(SchemaError, match=r"fig1/benchmark\.csv, line 4: column 'mem_per_sample_mb' holds 'twenty'"):
+        build(tmp_path, tmp_path / "REPORT.md")
+    path.write_text('attention,n\n"linear,4096\n')  # a quote never closed
+    with pytest.raises(SchemaError, match=r"fig1/benchmark\.csv: not a readable CSV"):
+        build(tmp_path, tmp_path / "REPORT.md")
+
+
+def test_every_section_module_declares_what_it_reads():
+    """Each module of the report package that renders a section declares its tables (TABLES,
+    possibly empty for one that reads no CSV) and (order, name, render) entries."""
+    from repro.reproduction.report import Table
+    from repro.reproduction.report.build import section_modules
+
+    modules = section_modules()
+    names = [name for m in modules for _, name, _ in m.SECTIONS]
+    assert {"figure1", "figure2", "tables_1_2", "table_3", "kernels", "cpu_speed", "gpu_runs"} <= set(names)
+    assert len(names) == len(set(names))
+    for m in modules:
+        assert all(isinstance(t, Table) for t in getattr(m, "TABLES", [])), m.__name__

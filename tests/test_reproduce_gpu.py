@@ -15,9 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from repro import report, reproduce_gpu
-from repro.results import read_jsonl
-from repro.reproduce_gpu import Ctx, Job, Step, run_job, run_step
+from repro.common.results import read_jsonl
+from repro.reproduction import report, reproduce_gpu
+from repro.reproduction.jobs import Job, run_job
+from repro.reproduction.reproduce_gpu import Ctx, Step, run_step
 
 REPO = reproduce_gpu.REPO
 
@@ -56,8 +57,9 @@ def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
     assert sorted(int(a[a.index("--steps") + 1]) for a in commands) == list(reproduce_gpu.STEPS)
     for i, args in enumerate(commands):
         out = tmp_path / f"OUT{i}"
-        res = subprocess.run(["bash", "scripts/with_gpu_bundle.sh", sys.executable, "-m", "repro.reproduce_gpu",
-                              *args, "--smoke"], cwd=REPO, capture_output=True, text=True, env={**env, "OUT": str(out)})
+        res = subprocess.run(["bash", "scripts/with_gpu_bundle.sh", sys.executable, "-m",
+                              "repro.reproduction.reproduce_gpu", *args, "--smoke"],
+                             cwd=REPO, capture_output=True, text=True, env={**env, "OUT": str(out)})
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
         files = returned_files(out)
         assert {f.name for f in files} == {"command.log", reproduce_gpu.PACK_NAME}, files
@@ -162,17 +164,19 @@ def test_a_bad_budget_is_one_line(capsys):
     for bad in ("0", "-5", "inf", "nan"):
         with pytest.raises(SystemExit):
             reproduce_gpu.main(["--smoke", "--steps", "1", "--budget-s", bad])
-        assert f"--budget-s" in capsys.readouterr().err.strip().splitlines()[-1]
+        assert "--budget-s" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_sigterm_reaches_the_jobs_whole_process_group(tmp_path):
     """SIGTERM to reproduce_gpu stops the job in flight and the processes that job started (a job
     runs in a session of its own and would outlive its parent), and exits 143."""
     pidfile = tmp_path / "grandchild.pid"
-    job = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+    job = ("import subprocess, sys, time; "
+           "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(120)")
-    script = (f"import sys; from repro import reproduce_gpu as r; "
-              f"r.STEP_DEFS[2] = r.Step(2, lambda ctx: [r.Job('j', [sys.executable, '-c', {job!r}])]); "
+    script = (f"import sys; from repro.reproduction import reproduce_gpu as r; "
+              f"from repro.reproduction.jobs import Job; "
+              f"r.STEP_DEFS[2] = r.Step(2, lambda ctx: [Job('j', [sys.executable, '-c', {job!r}])]); "
               f"sys.exit(r.main(['--smoke', '--steps', '2', '--out', {str(tmp_path / 'o')!r}, "
               f"'--runs', {str(tmp_path / 'r')!r}]))")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -209,7 +213,8 @@ def test_pack_splits_a_large_archive_and_unpack_rebuilds_it(tmp_path):
     assert len(parts) == 4 and all(p.stat().st_size <= 100_000 for p in parts)
     returned_files(tmp_path / "OUT")
     names = reproduce_gpu.unpack(reversed(parts), into=tmp_path / "here")
-    assert (tmp_path / "here" / "results/gpu/H100/kernels/bench.jsonl").read_bytes() == (step / "bench.jsonl").read_bytes()
+    assert ((tmp_path / "here" / "results/gpu/H100/kernels/bench.jsonl").read_bytes()
+            == (step / "bench.jsonl").read_bytes())
     assert (tmp_path / "here" / "results/gpu/H100/kernels/logs/bench.log").read_text() == "log\n"
     assert not any(n.endswith(".pt") for n in names)
 

@@ -5,12 +5,11 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from test_training import BASE, tiny_fit, train
 
 from repro.tasks.copy import copy_loss
 from repro.training import load_checkpoint
 from repro.training.rows import read_rows
-
-from test_training import BASE, tiny_fit, train
 
 IO = Path("/proc/self/io")
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from repro.results import REPO, read_jsonl
+from repro.common.results import REPO, read_jsonl
 from repro.training import load_checkpoint
 
 ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",

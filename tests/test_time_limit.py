@@ -8,11 +8,11 @@ import subprocess
 import sys
 from functools import partial
 
-from repro.results import REPO, read_jsonl
+from test_training import BASE, tiny_fit
+
+from repro.common.results import REPO, read_jsonl
 from repro.tasks.copy import run
 from repro.training import load_checkpoint
-
-from test_training import BASE, tiny_fit
 
 # eval_every beyond any step reached: the one evaluation is the one at the time limit
 ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",

@@ -2,11 +2,12 @@
 run dir with the resolved config and the logged keys; a resume continues the same wandb run id;
 a results folder's CSVs and figures go in as tables and images."""
 import json
+from pathlib import Path
 
 import pytest
 
-from repro.logging import RUN_ID_FILE, publish_dir
-from repro.results import read_jsonl
+from repro.cli.logging import RUN_ID_FILE, publish_dir
+from repro.common.results import read_jsonl
 from repro.tasks.copy import run
 from repro.training import load_checkpoint
 
@@ -73,7 +74,8 @@ def test_offline_run_logs_config_and_metrics_and_resume_keeps_the_id(compose_cfg
     assert config["_run"] == {"id": run_id, "group": "g1", "job_type": "copy"}
 
     rest = tmp_path / "rest"
-    run(compose_cfg(*BASE, "trainer.max_steps=4", "logger.group=g1", f"trainer.resume={first}", f"+task.out_dir={rest}"))
+    run(compose_cfg(*BASE, "trainer.max_steps=4", "logger.group=g1", f"trainer.resume={first}",
+                    f"+task.out_dir={rest}"))
     (run2,) = offline_runs(rest)
     assert run2.name.endswith(run_id) and (rest / RUN_ID_FILE).read_text().strip() == run_id
     assert history_keys(run2)[1]["_run"]["id"] == run_id
@@ -93,7 +95,8 @@ def test_publish_dir_logs_tables_and_figures(compose_cfg, tmp_path):
     assert publish_dir(cfg, tmp_path, group="sweep-x", job_type="sweep")
     (run_dir,) = offline_runs(tmp_path)
     keys, config = history_keys(run_dir)
-    assert any(k.startswith("tables/copy_final") for k in keys) and any(k.startswith("figures/benchmark") for k in keys), keys
+    assert (any(k.startswith("tables/copy_final") for k in keys)
+            and any(k.startswith("figures/benchmark") for k in keys)), keys
     (table,) = run_dir.glob("files/media/table/tables/copy_final_*.table.json")
     assert json.loads(table.read_text())["data"] == [["linear", 0.9], ["softmax", 0.95]]  # numbers stay numbers
     assert list(run_dir.glob("files/media/images/figures/benchmark_*.png"))
@@ -111,10 +114,11 @@ def run_py(cwd, *args):
     import subprocess
     import sys
 
-    from repro.results import REPO
+    from repro.common.results import REPO
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
-    env.pop("WANDB_SERVICE", None)  # as from a shell: not the wandb service of this test process (a test above started it)
+    # as from a shell: not the wandb service of this test process (a test above started it)
+    env.pop("WANDB_SERVICE", None)
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -124,7 +128,6 @@ def run_py(cwd, *args):
 
 def announced(stdout, what) -> "Path":
     import re
-    from pathlib import Path
 
     (line,) = re.findall(rf"^{what} dir: (.+)$", stdout, re.M)
     return Path(line)
@@ -134,8 +137,8 @@ def logged(run_dir):
     """Every key logged by the offline runs under run_dir (a table's or image's key: its first two
     parts, tables/<name>), and the media files they hold."""
     keys = set()
-    for run in offline_runs(run_dir):
-        keys |= {"/".join(k.split("/")[:2]) for k in history_keys(run)[0]}
+    for offline_run in offline_runs(run_dir):
+        keys |= {"/".join(k.split("/")[:2]) for k in history_keys(offline_run)[0]}
     media = {p.relative_to(p.parents[2]).as_posix() for p in run_dir.glob("wandb/offline-run-*/files/media/*/*/*")}
     return keys, media
 

@@ -24,7 +24,8 @@ class AttentionLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_keys: int | None = None, d_values: int | None = None):
         super().__init__()
         if n_heads < 1 or d_model < 1:
-            raise ValueError(f"attention: d_model and n_heads must be positive; got d_model={d_model}, n_heads={n_heads}")
+            raise ValueError(f"attention: d_model and n_heads must be positive; got d_model={d_model}, "
+                             f"n_heads={n_heads}")
         if (d_keys is None or d_values is None) and d_model % n_heads:
             raise ValueError(f"attention: d_model={d_model} is not divisible by n_heads={n_heads}; "
                              f"choose another n_heads or set d_keys and d_values")
@@ -50,7 +51,8 @@ class AttentionLayer(nn.Module):
     def forward(self, x, causal: bool = False, key_padding_mask=None):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"{type(self).__name__}: x must be (B, N, d_model={self.d_model}); got {tuple(x.shape)}")
-        if key_padding_mask is not None and (key_padding_mask.shape != x.shape[:2] or key_padding_mask.dtype != torch.bool):
+        if key_padding_mask is not None and (key_padding_mask.shape != x.shape[:2]
+                                             or key_padding_mask.dtype != torch.bool):
             raise ValueError(f"{type(self).__name__}: key_padding_mask must be bool (B, N) = {tuple(x.shape[:2])}; "
                              f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
         q = self._heads(x, self.q_proj, self.d_keys)

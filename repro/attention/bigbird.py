@@ -14,8 +14,8 @@ With a window covering the sequence and no random blocks this is exactly softmax
 import torch
 import torch.nn.functional as F
 
-from .blocks import block_positions, gather_blocks, n_blocks, neighbour_index, pad_to_blocks
-from .noncausal import NonCausalAttention, masked_softmax
+from repro.attention.blocks import block_positions, gather_blocks, n_blocks, neighbour_index, pad_to_blocks
+from repro.attention.noncausal import NonCausalAttention, masked_softmax
 
 
 class BigBirdAttention(NonCausalAttention):
@@ -25,8 +25,9 @@ class BigBirdAttention(NonCausalAttention):
                  global_tokens: int = 64, random_blocks: int = 2, attention_dropout: float = 0.0):
         super().__init__(d_model, n_heads, d_keys, d_values)
         if block < 1 or window < 0 or global_tokens < 0 or random_blocks < 0:
-            raise ValueError(f"bigbird: need block >= 1 and window, global_tokens, random_blocks >= 0; got block={block}, "
-                             f"window={window}, global_tokens={global_tokens}, random_blocks={random_blocks}")
+            raise ValueError(f"bigbird: need block >= 1 and window, global_tokens, random_blocks >= 0; "
+                             f"got block={block}, window={window}, global_tokens={global_tokens}, "
+                             f"random_blocks={random_blocks}")
         self.block, self.window, self.global_tokens = block, window, global_tokens
         self.random_blocks, self.attention_dropout = random_blocks, attention_dropout
         self.register_buffer("seed", torch.randint(2**31 - 1, ()))  # drawn from torch's RNG: differs per layer
@@ -51,7 +52,7 @@ class BigBirdAttention(NonCausalAttention):
         return idx, valid
 
     def attend_bidirectional(self, q, k, v, key_padding_mask):
-        (b, h, n, d), blk, g = q.shape, self.block, min(self.global_tokens, q.shape[2])
+        (_, _, n, d), blk, g = q.shape, self.block, min(self.global_tokens, q.shape[2])
         nb = n_blocks(n, blk)
         real = None if key_padding_mask is None else pad_to_blocks(~key_padding_mask, blk, dim=1)  # (B, Np)
         q, k, v = (pad_to_blocks(t, blk) for t in (q * d ** -0.5, k, v))  # (B, H, Np, .)

@@ -9,21 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..kernels import causal_dot_product
-from .base import AttentionLayer
-from .feature_maps import EluFeatureMap
-
-
-def _cupy_if(reason_fn, *tensors):
-    """The CuPy backend module when its fused kernel takes these CUDA tensors, else None (CPU
-    tensors never import it, so CPU behaviour is the torch code below, unchanged)."""
-    if not tensors[0].is_cuda:
-        return None
-    try:
-        from ..kernels import cupy_backend
-    except ImportError:
-        return None
-    return cupy_backend if getattr(cupy_backend, reason_fn)(*tensors) is None else None
+from repro.attention.base import AttentionLayer
+from repro.attention.feature_maps import EluFeatureMap
+from repro.kernels import causal_dot_product, cupy_for
 
 
 def _acc(dtype):
@@ -84,7 +72,7 @@ class LinearAttention(AttentionLayer):
         if key_padding_mask is not None:
             k = k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
         acc = _acc(q.dtype)
-        if causal and (cb := _cupy_if("linear_attention_unsupported_reason", q, k, v)):
+        if causal and (cb := cupy_for("linear_attention_unsupported_reason", q, k, v)):
             return cb.causal_linear_attention(q, k, v, self.eps)  # numerator and normaliser in one pass
         if causal and acc == q.dtype:
             # The normaliser folded into the product, as the recurrent step does: one causal pass
@@ -116,7 +104,7 @@ class LinearAttention(AttentionLayer):
                                     q.new_ones(b, h, m + 1, 1, dtype=acc))
         if state.SZ is not None:
             return self._fused_step(q, k, v, state), state
-        if cb := _cupy_if("step_unsupported_reason", q, k, v, state.S, state.Z):
+        if cb := cupy_for("step_unsupported_reason", q, k, v, state.S, state.Z):
             return cb.linear_attention_step(q, k, v, state.S, state.Z, self.eps), state  # one launch
         dtype, acc = v.dtype, _acc(q.dtype)
         q, k, v = q.to(acc), k.to(acc), v.to(acc)

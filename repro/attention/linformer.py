@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .noncausal import NonCausalAttention
+from repro.attention.noncausal import NonCausalAttention
 
 
 class LinformerAttention(NonCausalAttention):
@@ -25,7 +25,8 @@ class LinformerAttention(NonCausalAttention):
                  max_len: int = 8192, share_kv: bool = False, attention_dropout: float = 0.0):
         super().__init__(d_model, n_heads, d_keys, d_values)
         if proj_len < 1 or max_len < 1:
-            raise ValueError(f"linformer: proj_len and max_len must be positive; got proj_len={proj_len}, max_len={max_len}")
+            raise ValueError(f"linformer: proj_len and max_len must be positive; got proj_len={proj_len}, "
+                             f"max_len={max_len}")
         self.proj_len, self.max_len, self.attention_dropout = proj_len, max_len, attention_dropout
         # The paper's E = delta R with R_ij ~ N(0, 1/k): a Johnson-Lindenstrauss projection at init.
         self.E = nn.Parameter(torch.randn(proj_len, max_len) / math.sqrt(proj_len))  # (k, max_len)

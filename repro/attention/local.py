@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import AttentionLayer
+from repro.attention.base import AttentionLayer
 
 
 @dataclass
@@ -68,7 +68,8 @@ class LocalAttention(AttentionLayer):
     def attend_step(self, q, k, v, state: WindowCache | None):
         if state is None:
             b, h = q.shape[:2]
-            state = WindowCache(k.new_zeros(b, h, self.window, k.shape[-1]), v.new_zeros(b, h, self.window, v.shape[-1]))
+            state = WindowCache(k.new_zeros(b, h, self.window, k.shape[-1]),
+                                v.new_zeros(b, h, self.window, v.shape[-1]))
         slot = state.length % self.window
         state.k[:, :, slot] = k
         state.v[:, :, slot] = v

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .blocks import block_positions, gather_blocks, n_blocks, neighbour_index, pad_to_blocks
-from .noncausal import NonCausalAttention, masked_softmax
+from repro.attention.blocks import block_positions, gather_blocks, n_blocks, neighbour_index, pad_to_blocks
+from repro.attention.noncausal import NonCausalAttention, masked_softmax
 
 
 class LongShortAttention(NonCausalAttention):
@@ -36,7 +36,7 @@ class LongShortAttention(NonCausalAttention):
         self.ln_short_k, self.ln_short_v = ln(self.d_keys), ln(self.d_values)
 
     def attend_bidirectional(self, q, k, v, key_padding_mask):
-        (b, h, n, d), w = q.shape, self.window
+        (_, _, n, d), w = q.shape, self.window
         real = None if key_padding_mask is None else ~key_padding_mask  # (B, N)
 
         # Long-range: a softmax over the sequence (the real tokens) for each of the r rows of P.

@@ -30,7 +30,7 @@ There is no recurrent form: the paper generated with LSH by re-running the prefi
 import torch
 import torch.nn.functional as F
 
-from .base import AttentionLayer
+from repro.attention.base import AttentionLayer
 
 COMBINE = ("lse", "mean")
 PLANES = ("per_head", "shared")
@@ -45,7 +45,8 @@ class LSHAttention(AttentionLayer):
         if n_buckets < 1 or (n_buckets > 1 and n_buckets % 2):
             raise ValueError(f"lsh: n_buckets must be 1 or a positive even number; got {n_buckets}")
         if chunk_size < 1 or n_hashes < 1:
-            raise ValueError(f"lsh: chunk_size and n_hashes must be >= 1; got chunk_size={chunk_size}, n_hashes={n_hashes}")
+            raise ValueError(f"lsh: chunk_size and n_hashes must be >= 1; got chunk_size={chunk_size}, "
+                             f"n_hashes={n_hashes}")
         if combine not in COMBINE:
             raise ValueError(f"lsh: unknown combine {combine!r}; valid: {', '.join(COMBINE)}")
         redraw = {True: "train", False: "never"}.get(redraw, redraw)  # the former bool setting
@@ -69,7 +70,8 @@ class LSHAttention(AttentionLayer):
     def forward(self, x, causal: bool = False, key_padding_mask=None):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"LSHAttention: x must be (B, N, d_model={self.d_model}); got {tuple(x.shape)}")
-        if key_padding_mask is not None and (key_padding_mask.shape != x.shape[:2] or key_padding_mask.dtype != torch.bool):
+        if key_padding_mask is not None and (key_padding_mask.shape != x.shape[:2]
+                                             or key_padding_mask.dtype != torch.bool):
             raise ValueError(f"LSHAttention: key_padding_mask must be bool (B, N) = {tuple(x.shape[:2])}; "
                              f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
         if self.redraw == "always" or (self.redraw == "train" and self.training):

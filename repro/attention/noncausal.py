@@ -2,8 +2,8 @@
 refusal of causal=True, and a softmax over a masked set of keys that never yields NaN."""
 import torch
 
-from ..config import ConfigError
-from .base import AttentionLayer
+from repro.attention.base import AttentionLayer
+from repro.common.errors import ConfigError
 
 CAUSAL_CONFIGS = "softmax, softmax-math, linear"
 

@@ -13,10 +13,9 @@ L < m some landmarks are empty and take no part; with L = m every token is its o
 and the formula is exact softmax attention (up to the pseudo-inverse iteration's tolerance).
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .noncausal import NonCausalAttention, masked_softmax
+from repro.attention.noncausal import NonCausalAttention, masked_softmax
 
 
 def iterative_pinv(A, iterations: int):
@@ -61,7 +60,7 @@ class NystromAttention(NonCausalAttention):
             n_heads, n_heads, (conv_kernel, 1), padding=(conv_kernel // 2, 0), groups=n_heads, bias=False)
 
     def attend_bidirectional(self, q, k, v, key_padding_mask):
-        (b, h, n, d), dtype = q.shape, v.dtype
+        (b, _, n, d), dtype = q.shape, v.dtype
         if key_padding_mask is None:
             real = torch.ones(b, n, dtype=torch.bool, device=q.device)
         else:

@@ -23,8 +23,8 @@ from functools import partial
 
 import torch
 
-from .feature_maps import FeatureMap
-from .linear import LinearAttention
+from repro.attention.feature_maps import FeatureMap
+from repro.attention.linear import LinearAttention
 
 
 def orthogonal_gaussian(n_rows: int, dim: int, device=None):

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import causal_dot_product
-from .base import AttentionLayer
+from repro.attention.base import AttentionLayer
+from repro.kernels import causal_dot_product
 
 
 def _acc(dtype):
@@ -107,7 +107,8 @@ class RFAAttention(AttentionLayer):
         q, k, v = self.phi(q), self.phi(k), v.to(acc)  # (B, H, N, 2F), (B, H, N, M)
         if self.gated:
             if self._log_g is None:
-                raise ValueError("rfa: with gate=true call the layer itself (layer(x, ...)), which computes the gate from x; attend() alone has no gate")
+                raise ValueError("rfa: with gate=true call the layer itself (layer(x, ...)), which computes the gate "
+                                 "from x; attend() alone has no gate")
             log_g = self._log_g.to(acc)
             k = k * (-torch.expm1(log_g))[..., None]  # (1 - g_j) phi(k_j), 1 - g as -expm1(log g)
         keep = None

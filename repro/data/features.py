@@ -7,9 +7,9 @@ import torch
 import torchaudio
 from torch import nn
 
-from ..config import ConfigError
-from .batches import ShuffledBatches
-from .speech.phonemes import encode
+from repro.cli.config import ConfigError
+from repro.data.batches import ShuffledBatches
+from repro.data.speech.phonemes import encode
 
 KINDS = ("kaldi", "mel")
 NORMS = ("utterance", "global", "none")

@@ -7,17 +7,12 @@
 Backends, in order of preference:
   cupy   raw CUDA kernels (CUDA tensors; module repro.kernels.cupy_backend, when built)
   torch  the chunked PyTorch path (any device, any dtype)
-The environment variable REPRO_KERNEL=torch|cupy forces one. The naive references in
-repro.kernels.reference are for tests only.
+The environment variable REPRO_KERNEL=torch|cupy forces one (read in repro.kernels.backend
+alone). The naive references in repro.kernels.reference are for tests only.
 """
-import os
-
-import torch
-
-from .chunked import causal_dot_product_chunked, default_chunk_size
-from .reference import causal_dot_product_loop, causal_dot_product_naive
-
-BACKENDS = ("cupy", "torch")
+from repro.kernels.backend import BACKENDS, forced_backend
+from repro.kernels.chunked import causal_dot_product_chunked, default_chunk_size
+from repro.kernels.reference import causal_dot_product_loop, causal_dot_product_naive
 
 __all__ = ["BACKENDS", "causal_dot_product", "select_backend", "causal_dot_product_chunked",
            "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size"]
@@ -43,7 +38,7 @@ def _cupy_unavailable(q, k, v):
     if not q.is_cuda:
         return f"the CuPy backend runs CUDA tensors only (inputs are on {q.device})"
     try:
-        from . import cupy_backend
+        from repro.kernels import cupy_backend
     except ImportError as err:
         return f"the CuPy backend is not available: {err}"
     return cupy_backend.unsupported_reason(q, k, v)
@@ -51,9 +46,7 @@ def _cupy_unavailable(q, k, v):
 
 def select_backend(q, k, v):
     """(backend name, why) for these inputs, honouring REPRO_KERNEL."""
-    forced = os.environ.get("REPRO_KERNEL", "").strip().lower()
-    if forced and forced not in BACKENDS:
-        raise ValueError(f"REPRO_KERNEL={forced!r} is not a backend; valid: {', '.join(BACKENDS)}")
+    forced = forced_backend()
     if forced == "torch":
         return "torch", "forced by REPRO_KERNEL=torch"
     reason = _cupy_unavailable(q, k, v)
@@ -66,10 +59,24 @@ def select_backend(q, k, v):
     return "torch", reason
 
 
+def cupy_for(reason, *tensors):
+    """The CuPy backend module when its op takes these tensors (`reason`: the name of the
+    backend's `..._unsupported_reason` check for that op: the fused attention, the recurrent
+    step), else None: the attention layers ask here, as causal_dot_product does, and CPU tensors
+    never import the backend."""
+    if not tensors[0].is_cuda or forced_backend() == "torch":
+        return None
+    try:
+        from repro.kernels import cupy_backend
+    except ImportError:
+        return None
+    return cupy_backend if getattr(cupy_backend, reason)(*tensors) is None else None
+
+
 def causal_dot_product(q, k, v):
     _check_inputs(q, k, v)
     backend, _ = select_backend(q, k, v)
     if backend == "cupy":
-        from . import cupy_backend
+        from repro.kernels import cupy_backend
         return cupy_backend.causal_dot_product(q, k, v)
     return causal_dot_product_chunked(q, k, v)

@@ -18,7 +18,7 @@ it is an expanded stride-0 tensor, which batched matmuls cannot hand to BLAS).
 
 On CPU the sequences are taken in groups of ~GROUP_CHUNKS chunks (cache-sized), and with T > 1
 threads the groups run on T Python threads with torch single-threaded (_run_groups says why).
-Speed is measured by `python -m repro.kernels.cpu_speed` (README: "CPU speed of the core").
+Speed is measured by `python -m repro.reproduction.cpu_speed` (README: "CPU speed of the core").
 """
 import math
 import os
@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-
 # On CPU the chunk size comes from measurement (fp32, B = 1, H = 8, N = 4096, 1 thread, fwd + bwd,
-# medians of 15 interleaved rounds; `python -m repro.kernels.cpu_speed --chunk-sweep --threads 1
+# medians of 15 interleaved rounds; `python -m repro.reproduction.cpu_speed --chunk-sweep --threads 1
 # --rounds 15 --sweep-dims 16,16 16,17 32,32 32,33 64,64 64,65 128,128`):
 #   D, M = 16: C = 32 (16 and 64 are 1.1-1.4x slower)
 #   D, M = 32 and 64: C = 64 (32 is 1.1-1.6x slower, 128 1.5-2.5x)

@@ -14,14 +14,14 @@ The backward is the paper's cumulative-sum form with no stored per-step states:
 where reverse-causal runs the forward kernel backwards in time.
 """
 import math
-import os
 from collections import Counter
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from . import cuda_build
+from repro.kernels import cuda_build
+from repro.kernels.backend import forced_backend
 
 # THE SWITCH. False until tests/test_cupy_kernels.py has passed on a real GPU: until then the
 # dispatcher and the attention module use these kernels only under REPRO_KERNEL=cupy, and the
@@ -51,7 +51,7 @@ GRID_YZ_MAX = 65535  # CUDA's limit on gridDim.y and gridDim.z
 
 
 def _gate_reason():
-    forced = os.environ.get("REPRO_KERNEL", "").strip().lower()
+    forced = forced_backend()
     if forced == "torch":
         return "forced to the torch path by REPRO_KERNEL=torch"
     if not GPU_VERIFIED and forced != "cupy":

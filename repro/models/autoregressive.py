@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .transformer import Transformer, sinusoid
+from repro.models.transformer import Transformer, sinusoid
 
 
 @dataclass

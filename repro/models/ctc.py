@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .transformer import Transformer, sinusoid
+from repro.models.transformer import Transformer, sinusoid
 
 
 def padding_mask(lengths, n):
@@ -52,7 +52,8 @@ class CTCTransformer(nn.Module):
             raise ValueError("model: the transformer encoder needs an attention (attention=<conf/attention>)")
         self.front = ConvSubsampling(n_features, d_model, subsample)
         self.dropout = nn.Dropout(dropout)
-        self.encoder = Transformer(attention, n_layers, d_model, n_heads, d_ff, dropout, activation, norm_first, final_norm)
+        self.encoder = Transformer(attention, n_layers, d_model, n_heads, d_ff, dropout, activation, norm_first,
+                                   final_norm)
         self.out = nn.Linear(d_model, n_labels)
         self.d_model = d_model
 

@@ -25,7 +25,7 @@ STEP_INDUCTOR_CPU = {**STEP_INDUCTOR, "cpp_wrapper": True}
 # Tokens sampled per call of a compiled sampling step (the steps unrolled in one graph). Each
 # call pays a fixed cost outside the graph (dynamo's frame: gathering ~160 weight and state
 # tensors, the graph's wrapper, the state's outputs), about 0.2 ms at MNIST size on one CPU
-# thread against ~1.25 ms of graph: measured (python -m repro.kernels.cpu_speed --rows
+# thread against ~1.25 ms of graph: measured (python -m repro.reproduction.cpu_speed --rows
 # generation), 1.49x the matvec floor at 1 token per call, 1.30x at 2, 1.20x at 4, while the
 # compile time grows with the graph (about 30, 55 and 105 s at MNIST size).
 TOKENS_PER_CALL = 2
@@ -101,7 +101,7 @@ def compile_step(model, backend: str = "inductor", sample_fn=None, tokens_per_ca
 
     The attention layers' fused q/k/v weights are rebuilt, where their parameters changed, at
     every first step (no state yet), so the compiled step reads them as they stand."""
-    from ..attention.base import AttentionLayer
+    from repro.attention.base import AttentionLayer
 
     if tokens_per_call < 1:
         raise ValueError(f"compile_step: tokens_per_call must be >= 1; got {tokens_per_call}")

@@ -4,8 +4,8 @@ at position i a mixture of discretized logistics for the value at i + 1. The fir
 input only: an image of L values gives L - 1 predictions (783 for MNIST, 3071 for CIFAR-10)."""
 import torch
 
-from . import logistic_mixture as dmol
-from .autoregressive import AutoregressiveTransformer
+from repro.models import logistic_mixture as dmol
+from repro.models.autoregressive import AutoregressiveTransformer
 
 IMAGE_SHAPES = {"mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28), "digits8": (1, 8, 8), "cifar": (3, 32, 32)}
 

@@ -19,18 +19,30 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, attention_name, building_from_config, in_multirun, run_dir as get_run_dir
-from ..data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, eval_batches, spec_augment
-from ..data.speech import BLANK, PHONEMES, CorpusSettings, generate, load_kaldi, load_librispeech, load_manifest, load_pocketsphinx
-from ..results import REPO, atomic_write, output_dirs, provenance, save_figure
-from ..training import fit, seed_everything
-from ..training.distributed import is_main
-from ..training.loop import parse_device, step_time_text, to_device
-from ..training.rows import append_row, read_rows
+from repro.cli.attention import attention_name
+from repro.cli.config import ConfigError, building_from_config, in_multirun
+from repro.cli.config import run_dir as get_run_dir
+from repro.common import paper
+from repro.common.results import REPO, atomic_write, output_dirs, provenance, save_figure
+from repro.data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, eval_batches, spec_augment
+from repro.data.speech import (
+    BLANK,
+    PHONEMES,
+    CorpusSettings,
+    generate,
+    load_kaldi,
+    load_librispeech,
+    load_manifest,
+    load_pocketsphinx,
+)
+from repro.training import fit, seed_everything
+from repro.training.distributed import is_main
+from repro.training.loop import parse_device, step_time_text, to_device
+from repro.training.rows import append_row, read_rows
 
 N_LABELS = len(PHONEMES) + 1  # blank + 39 phonemes
 SOURCES = ("tts", "librispeech", "kaldi")
-PAPER = {"bilstm": (10.94, 1047), "softmax": (5.12, 2711), "lsh-4": (9.33, 2250), "linear": (8.08, 824)}
+PAPER = paper.ASR  # Table 3: {model: (validation PER %, seconds per epoch)}
 
 
 def ctc_loss(model, batch):
@@ -98,7 +110,7 @@ def decode_set(model, batches, device, decoder=None, keep=False) -> dict:
         greedy += greedy_decode(log_probs, lengths)
         if decoder is not None:
             beam += beam_decode(decoder, log_probs, lengths)
-        refs += [l[:n].tolist() for l, n in zip(batch["labels"], batch["label_lengths"])]
+        refs += [lab[:n].tolist() for lab, n in zip(batch["labels"], batch["label_lengths"])]
     out = {"per": per(greedy, refs), "n_utts": len(refs)}
     if decoder is not None:
         out["per_beam"] = per(beam, refs)
@@ -113,7 +125,8 @@ def _rows(t, cfg):
         raise ConfigError(f"task.source={t.source!r}; valid: {', '.join(SOURCES)}")
     if t.source == "tts":
         settings = CorpusSettings(**OmegaConf.to_container(t.corpus, resolve=True))
-        folder = generate(settings, root=REPO / t.data_dir if t.get("data_dir") else None, progress=cfg.trainer.progress)
+        folder = generate(settings, root=REPO / t.data_dir if t.get("data_dir") else None,
+                          progress=cfg.trainer.progress)
         rows = load_manifest(folder)
         split = {s: [r for r in rows if r["split"] == s] for s in ("train", "valid", "test")}
         return split, f"tts:{folder.name}"
@@ -138,12 +151,13 @@ def run(cfg) -> float:
     splits, data_id = _rows(t, cfg)
     f = t.features
     fbank = LogMelFilterbank(f.n_mels, kind=f.kind)
-    train = SpeechDataset(splits["train"], fbank, f.norm, spec_augment=spec_augment(f.freq_mask, f.time_mask, f.n_masks),
-                          progress=cfg.trainer.progress)
+    train = SpeechDataset(splits["train"], fbank, f.norm,
+                          spec_augment=spec_augment(f.freq_mask, f.time_mask, f.n_masks), progress=cfg.trainer.progress)
     stats = train.stats if f.norm == "global" else None
     valid = SpeechDataset(splits["valid"], fbank, f.norm, stats)
     test = SpeechDataset(splits["test"], fbank, f.norm, stats) if splits["test"] else None
-    real_rows = load_pocketsphinx(t.real_test) if t.source == "tts" and t.real_test and Path(t.real_test).is_dir() else []
+    real_rows = (load_pocketsphinx(t.real_test) if t.source == "tts" and t.real_test and Path(t.real_test).is_dir()
+                 else [])
     real = SpeechDataset(real_rows, fbank, f.norm, stats) if real_rows else None
     if not len(valid):
         raise ConfigError("task: the validation set is empty")
@@ -157,8 +171,9 @@ def run(cfg) -> float:
     frames = train.lengths()
     enc = OmegaConf.to_container(m[m.encoder], resolve=True)
     enc.pop("_target_")
-    identity = {"task": "asr", "model": name, "encoder": m.encoder, "attention": name if m.encoder == "transformer" else None,
-                "seed": cfg.seed, "data": data_id, "n_train": len(train), "n_valid": len(valid),
+    identity = {"task": "asr", "model": name, "encoder": m.encoder,
+                "attention": name if m.encoder == "transformer" else None, "seed": cfg.seed, "data": data_id,
+                "n_train": len(train), "n_valid": len(valid),
                 "n_test": len(test) if test else 0, "mean_frames": statistics.mean(frames), "max_frames": max(frames),
                 "batch_size": t.batch_size, "steps_per_epoch": len(data), "max_steps": cfg.trainer.max_steps,
                 "optimizer": cfg.trainer.optimizer._target_, "lr": cfg.trainer.optimizer.lr,
@@ -189,12 +204,15 @@ def run(cfg) -> float:
         if utterances:  # hypotheses against references, per utterance (to wandb as a table with logger=wandb)
             atomic_write(run_dir / "hypotheses.csv", pd.DataFrame(utterances).to_csv(index=False))
         rows = read_rows(run_dir / "results.jsonl")
-        rows.append({**identity, "precision": cfg.trainer.precision, "kind": "summary", **summary, **provenance(device)})
+        rows.append({**identity, "precision": cfg.trainer.precision, "kind": "summary", **summary,
+                     **provenance(device)})
         append_row(run_dir / "results.jsonl", rows[-1])
     print(f"asr {name}: {summary['status']}, {summary['steps']} steps ({summary['epochs']:.1f} epochs), valid PER "
-          f"{100 * summary.get('valid_per', float('nan')):.1f}% (beam {100 * summary.get('valid_per_beam', float('nan')):.1f}%), "
+          f"{100 * summary.get('valid_per', float('nan')):.1f}% "
+          f"(beam {100 * summary.get('valid_per_beam', float('nan')):.1f}%), "
           f"test PER {100 * summary.get('test_per', float('nan')):.1f}%, "
-          + (f"{summary['time_per_epoch_s']:.1f} s/epoch (median step x steps per epoch), " if final["time_per_step_ms"] else "")
+          + (f"{summary['time_per_epoch_s']:.1f} s/epoch (median step x steps per epoch), "
+             if final["time_per_step_ms"] else "")
           + step_time_text(final))
     if is_main() and not in_multirun():
         aggregate(rows, run_dir)
@@ -206,7 +224,8 @@ def run(cfg) -> float:
 def table(df) -> pd.DataFrame:
     """Table 3: one row per model (mean over seeds)."""
     s = df[df.kind == "summary"]
-    cols = [c for c in ("valid_per", "valid_per_beam", "test_per", "test_per_beam", "real_per", "real_per_beam") if c in s]
+    cols = [c for c in ("valid_per", "valid_per_beam", "test_per", "test_per_beam", "real_per", "real_per_beam")
+            if c in s]
     g = s.groupby("model", sort=False)
     out = pd.DataFrame({"seeds": g.seed.nunique(), "steps": g.steps.max(), "epochs": g.epochs.mean(),
                         **{f"{c}_%": 100 * g[c].mean() for c in cols},
@@ -227,8 +246,8 @@ def table(df) -> pd.DataFrame:
 def _title(df) -> str:
     r = df[df.kind == "summary"].iloc[0]
     label = f"{r['label']} | " if r.get("label") else ""
-    return (f"{label}CTC phoneme recognition, {r['data']}: {r['n_train']} train / {r['n_valid']} valid / {r['n_test']} test "
-            f"utterances,\n"
+    return (f"{label}CTC phoneme recognition, {r['data']}: {r['n_train']} train / {r['n_valid']} valid / "
+            f"{r['n_test']} test utterances,\n"
             f"mean {r['mean_frames']:.0f} frames (max {r['max_frames']}), batch {r['batch_size']}, "
             f"{r['steps_per_epoch']} steps/epoch, {r['precision']}\n{r['device']}")
 

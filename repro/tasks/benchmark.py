@@ -3,7 +3,7 @@ input for a grid of sequence lengths N, batch scaled inversely with N; time and 
 per sample, a row per (attention, N), a log-log plot and a table.
 
 One run measures task.attentions (or the `attention` chosen on the command line); a Hydra
-multirun over attention and lengths aggregates all its jobs at the end (repro.callbacks).
+multirun over attention and lengths aggregates all its jobs at the end (repro.cli.callbacks).
 """
 import json
 import os
@@ -16,16 +16,32 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import psutil
-import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from ..config import ConfigError, RunFailed, building_from_config, compose_group, parse_device, parse_dtype, run_dir
-from ..logging import make_logger
-from ..results import REPO, atomic_write, json_text, provenance, read_jsonl, rows_to_csv, save_figure, write_jsonl
-from .benchmark_point import PARENT_ENV, measure_safely
+from repro.cli.attention import attention_config, attention_name
+from repro.cli.config import (
+    ConfigError,
+    RunFailed,
+    building_from_config,
+    parse_device,
+    parse_dtype,
+    run_dir,
+)
+from repro.cli.logging import make_logger
+from repro.common.results import (
+    REPO,
+    atomic_write,
+    json_text,
+    provenance,
+    publish_folder,
+    read_jsonl,
+    rows_to_csv,
+    save_figure,
+    write_jsonl,
+)
+from repro.tasks.benchmark_point import PARENT_ENV, measure_safely
 
 FAILED = ("oom", "timeout", "error")
 METRICS = ("time_ms", "time_per_sample_ms", "peak_mem_mb", "mem_per_sample_mb")
@@ -48,13 +64,12 @@ def _attentions(cfg) -> list[tuple[str, dict]]:
     """(name, config) pairs to measure: the `attention` group's choice when one is selected
     (a multirun over attention=...), else task.attentions."""
     if cfg.get("attention") is not None:
-        name = HydraConfig.get().runtime.choices.get("attention") if HydraConfig.initialized() else None
-        return [(name or cfg.attention._target_.rsplit(".", 1)[-1], OmegaConf.to_container(cfg.attention))]
+        return [(attention_name(cfg), OmegaConf.to_container(cfg.attention))]
     names = cfg.task.attentions
     if not names:
         raise ConfigError("task.attentions is empty and no attention=... was chosen; "
                           "name at least one config of conf/attention")
-    return [(n, OmegaConf.to_container(compose_group("attention", n))) for n in names]
+    return [(n, attention_config(n)) for n in names]
 
 
 def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
@@ -74,7 +89,8 @@ def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
                 except psutil.NoSuchProcess:
                     break
                 if rss > memory_limit:
-                    killed = {"status": "oom", "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
+                    killed = {"status": "oom",
+                              "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
                 elif time.monotonic() - began > timeout:
                     killed = {"status": "timeout", "reason": f"still running after {timeout:.0f} s"}
                 if killed:
@@ -109,7 +125,8 @@ def _check_resume(old_rows, settings: dict, per_attention: dict, path):
     """Refuse, in one line, to resume from rows measured with other settings: their points
     would be kept and plotted beside new ones as if comparable."""
     for r in old_rows:
-        diffs = [f"{SETTING_KEYS[k]}={r.get(k, 'not recorded')!r} (now {v!r})" for k, v in settings.items() if r.get(k, "?") != v]
+        diffs = [f"{SETTING_KEYS[k]}={r.get(k, 'not recorded')!r} (now {v!r})" for k, v in settings.items()
+                 if r.get(k, "?") != v]
         mine, theirs = per_attention.get(r["attention"]), r.get("attention_settings") or {}
         if mine is not None and theirs != mine:
             diffs += [f"attention {r['attention']} {k}={theirs.get(k, 'not recorded')!r} (now {mine.get(k)!r})"
@@ -171,7 +188,8 @@ def run(cfg) -> float:
                 result = _run_isolated(spec, memory_limit, 2 * t.time_budget_s + 60)
             else:
                 result = measure_safely(spec)
-            row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
+            row = {"task": "benchmark", "publish": t.get("publish"),
+                   "attention": name, "target": att["_target_"], "n": n, "batch": batch,
                    **settings, "attention_settings": per_attention[name], **result, **meta}
         if row["status"] != "ok":
             tqdm.write(f"{name} N={n}: {row['status']}: {row.get('reason', '')}", file=sys.stderr)
@@ -182,12 +200,13 @@ def run(cfg) -> float:
         logger.log({f"{name}/time_per_sample_ms": row.get("time_per_sample_ms"),
                     f"{name}/mem_per_sample_mb": row.get("mem_per_sample_mb"), "n": n}, step=i)
 
-    summary = aggregate(rows, out, publish=t.get("publish"))
+    summary = aggregate(rows, out)
     logger.log_table("benchmark", rows)
     logger.log_image("benchmark_plot", out / "benchmark.png")
     logger.finish()
     if not any(r["status"] == "ok" for r in rows):
-        raise RunFailed(f"no benchmark point succeeded ({len(rows)} failed, reasons above); rows in {out / 'results.jsonl'}")
+        raise RunFailed(f"no benchmark point succeeded ({len(rows)} failed, reasons above); "
+                        f"rows in {out / 'results.jsonl'}")
     return summary.get("headline", float("nan"))
 
 
@@ -278,24 +297,28 @@ def table(df) -> str:
     return ("time per sample (ms)\n" + t.to_string() + "\n\npeak memory per sample (MB)\n" + m.to_string())
 
 
-def aggregate(rows, out_dir, publish=None) -> dict:
-    """CSV, plot, summary and printed table for a list of benchmark rows."""
+def aggregate(rows, out_dir) -> dict:
+    """CSV, plot, summary and printed table for a list of benchmark rows (also in the folder the
+    rows' `publish` names)."""
     out_dir = Path(out_dir)
     df = _frame(rows)
     summary = summarize(rows)
     lines = [table(df), ""]
     for name, s in summary["attentions"].items():
         slopes = ", ".join(f"{k} {v:.2f}" for k, v in s.items() if k.endswith(("_all", "_top3")) and v is not None)
-        lines.append(f"{name}: largest N {s['largest_n']}" + (f" ({s['first_failure']})" if "first_failure" in s else "")
+        lines.append(f"{name}: largest N {s['largest_n']}"
+                     + (f" ({s['first_failure']})" if "first_failure" in s else "")
                      + (f"; slopes {slopes}" if slopes else ""))
     for pair, c in summary["crossovers"].items():
         since = c["linear_faster_from_n"]
-        lines.append(f"{pair}: linear faster from N={since} on" if since else f"{pair}: linear never faster in this grid")
+        lines.append(f"{pair}: linear faster from N={since} on" if since
+                     else f"{pair}: linear never faster in this grid")
     text = "\n".join(lines)
     print(text)
     pos = [v["linear_faster_from_n"] for v in summary["crossovers"].values() if v["linear_faster_from_n"]]
     summary["headline"] = float(min(pos)) if pos else float("nan")
-    targets = [out_dir] + ([REPO / publish] if publish else [])
+    publish = publish_folder(rows)
+    targets = [out_dir] + ([publish] if publish else [])
     for d in targets:
         atomic_write(d / "benchmark.csv", rows_to_csv(rows))
         atomic_write(d / "summary.json", json_text(summary, indent=2))

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from ..config import parse_dtype  # noqa: E402
+from repro.cli.config import parse_dtype  # noqa: E402
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "DefaultCPUAllocator")
 

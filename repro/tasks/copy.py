@@ -14,14 +14,16 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, attention_name, in_multirun, run_dir as get_run_dir
-from ..data import CopyTask
-from ..models import AutoregressiveTransformer
-from ..results import atomic_write, output_dirs, save_figure
-from ..training import fit, seed_everything
-from ..training.distributed import is_main
-from ..training.loop import step_time_text
-from ..training.rows import read_rows
+from repro.cli.attention import attention_name
+from repro.cli.config import ConfigError, in_multirun
+from repro.cli.config import run_dir as get_run_dir
+from repro.common.results import atomic_write, output_dirs, save_figure
+from repro.data import CopyTask
+from repro.models import AutoregressiveTransformer
+from repro.training import fit, seed_everything
+from repro.training.distributed import is_main
+from repro.training.loop import step_time_text
+from repro.training.rows import read_rows
 
 
 def copy_loss(model, batch):
@@ -81,7 +83,8 @@ def curves(df) -> pd.DataFrame:
             out = g.agg(["mean", "std", "min", "max", "count"]).reset_index().rename(columns={"count": "n_seeds"})
             parts.append(out.assign(kind=kind, metric=metric))
     cols = ["max_len", "attention", "kind", "metric", "step", "mean", "std", "min", "max", "n_seeds"]
-    return pd.concat(parts)[cols].sort_values(["max_len", "attention", "kind", "metric", "step"]) if parts else pd.DataFrame(columns=cols)
+    return (pd.concat(parts)[cols].sort_values(["max_len", "attention", "kind", "metric", "step"]) if parts
+            else pd.DataFrame(columns=cols))
 
 
 def finals(df) -> pd.DataFrame:

@@ -25,24 +25,23 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from ..attention.base import AttentionLayer
-from ..config import (ConfigError, attention_name, building_from_config, compose_group, in_multirun, parse_device,
-                      run_dir as get_run_dir)
-from ..data import ShuffledBatches
-from ..data.images import Images, load_images, resize
-from ..models import logistic_mixture as dmol
-from ..models.generate import generate
-from ..models.pixels import PixelTransformer, to_images, to_sequence
-from ..results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
-from ..training import fit, load_checkpoint, seed_everything
-from ..training.distributed import is_main
-from ..training.loop import step_time_text
-from ..training.rows import read_rows
+from repro.attention.base import AttentionLayer
+from repro.cli.attention import attention_name, user_set
+from repro.cli.config import ConfigError, building_from_config, in_multirun, parse_device
+from repro.cli.config import run_dir as get_run_dir
+from repro.common import paper
+from repro.common.results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
+from repro.data import ShuffledBatches
+from repro.data.images import Images, load_images, resize
+from repro.models import logistic_mixture as dmol
+from repro.models.generate import generate
+from repro.models.pixels import PixelTransformer, to_images, to_sequence
+from repro.training import fit, load_checkpoint, seed_everything
+from repro.training.distributed import is_main
+from repro.training.loop import step_time_text
+from repro.training.rows import read_rows
 
 MODES = ("train", "sample")
-# The paper's Table 1 and 2 (bits/dim on the test set).
-PAPER_BPD = {"mnist": {"softmax": 0.621, "lsh-1": 0.745, "lsh-4": 0.676, "linear": 0.644},
-             "cifar": {"softmax": 3.47, "lsh-1": 3.39, "lsh-4": 3.51, "linear": 3.40}}
 
 
 def image_loss(model, batch):
@@ -96,33 +95,19 @@ def sample_grid(model, shape, n, given, seed, path):
 def _identity(cfg, name, splits, shape):
     m, t = cfg.model, cfg.task
     return {"task": "image", "dataset": t.dataset, "attention": name, "target": cfg.attention._target_,
-            "attention_settings": attention_settings(cfg), "seed": cfg.seed, "image_shape": list(shape), "predicted_dims": math.prod(shape) - 1,
+            "attention_settings": attention_settings(cfg), "seed": cfg.seed, "image_shape": list(shape),
+            "predicted_dims": math.prod(shape) - 1,
             "data_source": splits.source, "n_train": len(splits.train), "n_test": len(splits.test),
             "batch_size": t.batch_size, "n_layers": t.get("n_layers") or m.n_layers, "d_model": m.d_model,
             "n_heads": m.n_heads, "d_ff": m.d_ff, "dropout": m.dropout, "max_steps": cfg.trainer.max_steps,
             "label": t.label, "publish": t.publish}
 
 
-def _user_set(cfg, name) -> set[str]:
-    """The attention keys the user chose: named on the command line (Hydra's record of the
-    overrides), or, composed without Hydra's runtime, differing from conf/attention/<name>.yaml."""
-    from hydra.core.hydra_config import HydraConfig
-
-    keys = set()
-    if HydraConfig.initialized():
-        for override in HydraConfig.get().overrides.task:
-            key = override.split("=", 1)[0].lstrip("+~")
-            if key.startswith("attention."):
-                keys.add(key.split(".")[1])
-    own = compose_group("attention", name)
-    return keys | {k for k in cfg.attention if k not in own or cfg.attention[k] != own[k]}
-
-
 def _attention_settings(cfg, name):
     """The task's per-attention settings (the paper's LSH chunk per image size), except those the
     user set: attention.chunk_size=... on the command line wins over task.attention_settings."""
     chosen = (cfg.task.get("attention_settings") or {}).get(name) or {}
-    chosen = {k: v for k, v in chosen.items() if k not in _user_set(cfg, name)} if chosen else {}
+    chosen = {k: v for k, v in chosen.items() if k not in user_set(cfg, name)} if chosen else {}
     if chosen:
         cfg = cfg.copy()
         with open_dict(cfg):
@@ -161,7 +146,8 @@ def run(cfg) -> float:
         train = ShuffledBatches(Images(splits.train), t.batch_size, seed=cfg.seed)
     except ValueError as err:
         raise ConfigError(f"task.{err}") from err
-    held_out = [splits.test[i:i + t.batch_size] for i in range(0, t.batch_size * cfg.trainer.eval_batches, t.batch_size)]
+    held_out = [splits.test[i:i + t.batch_size]
+                for i in range(0, t.batch_size * cfg.trainer.eval_batches, t.batch_size)]
     held_out = [b for b in held_out if len(b)]
     model = build_model(cfg)
     identity = _identity(cfg, name, splits, shape)
@@ -193,7 +179,8 @@ def sample_from_checkpoint(cfg) -> float:
     ckpt = load_checkpoint(t.checkpoint)
     trained = OmegaConf.create(ckpt["config"])
     if trained.task.get("_target_") != "repro.tasks.image.run":
-        raise ConfigError(f"task.checkpoint={t.checkpoint}: not an image-task checkpoint (task {trained.task.get('name')!r})")
+        raise ConfigError(f"task.checkpoint={t.checkpoint}: not an image-task checkpoint "
+                          f"(task {trained.task.get('name')!r})")
     with open_dict(trained):
         trained.device = cfg.device
         trained.task.data_dir, trained.task.download = t.data_dir, t.download
@@ -225,7 +212,8 @@ def curves(df) -> pd.DataFrame:
             parts.append(g.agg(["mean", "min", "max", "count"]).reset_index().rename(columns={"count": "n_seeds"})
                          .assign(kind=kind))
     cols = ["dataset", "attention", "kind", "step", "mean", "min", "max", "n_seeds"]
-    return pd.concat(parts)[cols].sort_values(["dataset", "attention", "kind", "step"]) if parts else pd.DataFrame(columns=cols)
+    return (pd.concat(parts)[cols].sort_values(["dataset", "attention", "kind", "step"]) if parts
+            else pd.DataFrame(columns=cols))
 
 
 def finals(df) -> pd.DataFrame:
@@ -236,7 +224,7 @@ def finals(df) -> pd.DataFrame:
         "train_loss_nats": g.train_loss.mean(), "time_per_step_ms": g.time_per_step_ms.mean(),
         "status": g.status.agg(lambda s: ",".join(sorted(set(s)))),
     }).reset_index()
-    out["paper_bits_per_dim"] = [PAPER_BPD.get(d, {}).get(a, float("nan")) for d, a in zip(out.dataset, out.attention)]
+    out["paper_bits_per_dim"] = [paper.paper_bits_per_dim(d, a) for d, a in zip(out.dataset, out.attention)]
     return out
 
 

@@ -2,7 +2,7 @@
 the chunked path, the dispatcher (whatever it picks here: the chunked path on a CPU, the CuPy
 kernels on a GPU once verified; the row names it), the per-step loop (the RNN definition) and
 the naive masked (N, N) formula. Forward and forward+backward; rows, a table, the ratios.
-(python -m repro.kernels.bench times the GPU kernels against their outside peers.)"""
+(python -m repro.reproduction.bench times the GPU kernels against their outside peers.)"""
 import statistics
 import time
 
@@ -10,10 +10,15 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from ..config import ConfigError, parse_device, parse_dtype, run_dir
-from ..kernels import (causal_dot_product, causal_dot_product_chunked, causal_dot_product_loop,
-                       causal_dot_product_naive, select_backend)
-from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
+from repro.cli.config import ConfigError, parse_device, parse_dtype, run_dir
+from repro.common.results import atomic_write, provenance, publish_folder, rows_to_csv, write_jsonl
+from repro.kernels import (
+    causal_dot_product,
+    causal_dot_product_chunked,
+    causal_dot_product_loop,
+    causal_dot_product_naive,
+    select_backend,
+)
 
 IMPLEMENTATIONS = {"chunked": causal_dot_product_chunked, "dispatcher": causal_dot_product,
                    "loop": causal_dot_product_loop, "naive": causal_dot_product_naive}
@@ -48,17 +53,19 @@ def run(cfg) -> float:
         for name in t.implementations:
             fn = IMPLEMENTATIONS[name]
             with torch.no_grad():
-                fwd = _time(lambda: fn(q, k, v), device, t.warmup, t.repeats)
-            both = _time(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), g), device, t.warmup, t.repeats)
+                fwd = _time(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v), device, t.warmup, t.repeats)
+            both = _time(lambda fn=fn, q=q, k=k, v=v, g=g: torch.autograd.grad(fn(q, k, v), (q, k, v), g), device,
+                         t.warmup, t.repeats)
             backend = select_backend(q, k, v)[0] if name == "dispatcher" else name
-            rows.append({"task": "kernels", "implementation": name, "backend": backend, "n": n, "batch": t.batch, "heads": t.heads,
-                         "d": t.d, "m": t.m, "dtype": t.dtype, "seed": cfg.seed, "status": "ok",
+            rows.append({"task": "kernels", "publish": t.get("publish"),
+                         "implementation": name, "backend": backend, "n": n, "batch": t.batch,
+                         "heads": t.heads, "d": t.d, "m": t.m, "dtype": t.dtype, "seed": cfg.seed, "status": "ok",
                          "forward_ms": fwd * 1e3, "forward_backward_ms": both * 1e3, **meta})
             write_jsonl(out / "results.jsonl", rows)
-    return aggregate(rows, out, publish=t.get("publish"))
+    return aggregate(rows, out)
 
 
-def aggregate(rows, out_dir, publish=None) -> float:
+def aggregate(rows, out_dir) -> float:
     df = pd.DataFrame(rows)
     ref = df[df.implementation == "chunked"].set_index("n")
     for col in ("forward_ms", "forward_backward_ms"):
@@ -68,7 +75,8 @@ def aggregate(rows, out_dir, publish=None) -> float:
     text = (f"causal_dot_product, B={df.batch.iloc[0]} H={df.heads.iloc[0]} D={df.d.iloc[0]} M={df.m.iloc[0]} "
             f"{df.dtype.iloc[0]} on {df.device.iloc[0]}\n" + df[cols].to_string(index=False, float_format="%.3f"))
     print(text)
-    for d in [out_dir] + ([REPO / publish] if publish else []):
+    publish = publish_folder(rows)
+    for d in [out_dir] + ([publish] if publish else []):
         atomic_write(d / "kernels.csv", rows_to_csv(df.to_dict("records")))
         atomic_write(d / "kernels.txt", text + "\n")
     loop = df[df.implementation == "loop"].forward_backward_ms_vs_chunked

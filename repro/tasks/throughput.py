@@ -28,21 +28,18 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from ..config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
-from ..models import logistic_mixture as dmol
-from ..models.generate import MODES, compile_step, generate
-from ..models.pixels import IMAGE_SHAPES, PixelTransformer
-from ..results import REPO, atomic_write, provenance, rows_to_csv, write_jsonl
-from ..training.loop import compile_backends
-from ..training.threads import set_threads
+from repro.cli.config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
+from repro.common import paper
+from repro.common.results import atomic_write, provenance, publish_folder, rows_to_csv, write_jsonl
+from repro.models import logistic_mixture as dmol
+from repro.models.generate import MODES, compile_step, generate
+from repro.models.pixels import IMAGE_SHAPES, PixelTransformer
+from repro.training.loop import compile_backends
+from repro.training.threads import set_threads
 
 TASK_MODES = MODES + ("floor",)
 
 LAYERS = {"mnist": 8, "cifar": 16}  # the paper's depths; the layer itself comes from `model`
-# The paper's seconds per image at batch 1 on a CPU (supplementary), for the table.
-PAPER_CPU_S = {"mnist": {"softmax": 72.6, "stateful-softmax": 7.4, "lsh-1": 46.0, "lsh-4": 112.0, "linear": 5.5},
-               "cifar": {"softmax": 8651.4, "stateful-softmax": 71.9, "lsh-1": 2318.9, "lsh-4": 5263.7,
-                         "linear": 45.1}}
 
 
 class _OverBudget(Exception):
@@ -191,7 +188,8 @@ def run(cfg) -> float:
         model = model.to(device=device, dtype=dtype).eval()
         length = int(np.prod(IMAGE_SHAPES[size]))
         try:
-            extra = {"compile": backend, "compile_s": compile_generation(model, backend, length, batch, device)} if backend else {}
+            extra = ({"compile": backend, "compile_s": compile_generation(model, backend, length, batch, device)}
+                     if backend else {})
             load = os.getloadavg()[0]
             if mode == "floor":
                 total, measured, extrapolated, cpu, extra["weights_gb_per_s"] = time_floor(model, length, batch, device)
@@ -208,16 +206,18 @@ def run(cfg) -> float:
             result = {"status": "error", "reason": str(err)}
         except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor without a C++ compiler
             cause = getattr(err, "inner_exception", err)
-            result = {"status": "error", "reason": f"compile={backend}: {type(cause).__name__}: {cause}".splitlines()[0]}
-        rows.append({"task": "throughput", "size": size, "method": label, "attention": att_name, "mode": mode,
-                     "attention_settings": chosen, "batch": batch, "length": length, "n_layers": LAYERS[size], "dtype": t.dtype,
-                     "device_type": device.type,
+            result = {"status": "error",
+                      "reason": f"compile={backend}: {type(cause).__name__}: {cause}".splitlines()[0]}
+        rows.append({"task": "throughput", "publish": t.get("publish"),
+                     "size": size, "method": label, "attention": att_name, "mode": mode,
+                     "attention_settings": chosen, "batch": batch, "length": length, "n_layers": LAYERS[size],
+                     "dtype": t.dtype, "device_type": device.type,
                      "threads": torch.get_num_threads(), "seed": cfg.seed, **result, **meta})
         write_jsonl(out / "results.jsonl", rows)
-    return aggregate(rows, out, publish=t.get("publish"))
+    return aggregate(rows, out)
 
 
-def aggregate(rows, out_dir, publish=None) -> float:
+def aggregate(rows, out_dir) -> float:
     df = pd.DataFrame([r for r in rows if r["status"] == "ok"])
     lines = []
     device_is_cpu = "cpu_seconds_per_image" in df and (df.get("device_type", pd.Series(["cpu"])) == "cpu").all()
@@ -249,7 +249,7 @@ def aggregate(rows, out_dir, publish=None) -> float:
                     row[f"x floor @{m.batch.min()}"] = f"{b1 / floor.seconds_per_image.iloc[0]:.3g}"
                 if "compile" in m and isinstance(m["compile"].iloc[0], str):
                     row["compile s"] = f"{m.compile_s.max():.3g}"
-            row["paper CPU s/image @1"] = PAPER_CPU_S[size].get(method, "")
+            row["paper CPU s/image @1"] = paper.paper_cpu_seconds_per_image(size, method) or ""
             table.append(row)
         lines += [f"{size} ({int(g.length.iloc[0])} values, {int(g.n_layers.iloc[0])} layers, "
                   f"{g.dtype.iloc[0]}, {g.device.iloc[0]})", pd.DataFrame(table).fillna("").to_string(index=False), ""]
@@ -257,7 +257,8 @@ def aggregate(rows, out_dir, publish=None) -> float:
               for r in rows if r["status"] != "ok"]
     text = "\n".join(lines)
     print(text)
-    for d in [out_dir] + ([REPO / publish] if publish else []):
+    publish = publish_folder(rows)
+    for d in [out_dir] + ([publish] if publish else []):
         atomic_write(d / "throughput.csv", rows_to_csv(rows))
         atomic_write(d / "throughput.txt", text)
     lin = df[(df.method == "linear")].seconds_per_image

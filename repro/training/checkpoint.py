@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import ConfigError
-from ..results import atomic_write
+from repro.cli.config import ConfigError
+from repro.common.results import atomic_write
 
 FORMAT = "repro-checkpoint-v1"
 LAST = "checkpoints/last.pt"  # relative to a run dir

@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ..config import ConfigError
+from repro.cli.config import ConfigError
 
 
 def env_world_size() -> int:
@@ -171,7 +171,7 @@ def _dir_override(argv) -> str | None:
     from hydra.core.utils import setup_globals
     from omegaconf import OmegaConf
 
-    from ..config import CONF_DIR
+    from repro.cli.config import CONF_DIR
 
     multirun = any(a in ("-m", "--multirun") for a in argv)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"

@@ -14,7 +14,7 @@ The task builds the model, a loss function and the data; fit() does the rest:
 
 Every trainer.log_every steps a "train" row (window means of loss and metrics), every
 trainer.eval_every steps an "eval" row, at the end a "final" row go to <run dir>/results.jsonl
-(each with the task's identity and repro.results.provenance) and to the logger. A step reads
+(each with the task's identity and repro.common.results.provenance) and to the logger. A step reads
 nothing back from the device: its loss and metrics stay there until the next log, eval or
 checkpoint step (and the end), where the window is read in one transfer; the step times
 (time_per_step_ms, the median, and its mean) are measured between those points and shared among
@@ -51,10 +51,10 @@ aot_eager / eager for a quick check); evaluation, eval_hook and checkpoints use 
 module, so checkpoints stay interchangeable.
 """
 # the names the tasks and tests import from here (the parts live in repro.training.parts)
-from ..config import parse_device  # noqa: F401
-from ..models.generate import compile_step  # noqa: F401  (generation's; tests import it from here)
-from .parts import compile_backends, seed_everything, step_time_text, to_device  # noqa: F401
-from .trainer import Trainer
+from repro.cli.config import parse_device  # noqa: F401
+from repro.models.generate import compile_step  # noqa: F401  (generation's; tests import it from here)
+from repro.training.parts import compile_backends, seed_everything, step_time_text, to_device  # noqa: F401
+from repro.training.trainer import Trainer
 
 
 def fit(model, loss_fn, train_data, cfg, *, run_dir, eval_data=None, identity=None, fingerprint=None,

@@ -12,7 +12,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from ..config import ConfigError
+from repro.cli.config import ConfigError
 
 
 class RAdam(torch.optim.RAdam):

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from ..config import ConfigError
-from . import distributed as ddp
+from repro.cli.config import ConfigError
+from repro.training import distributed as ddp
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TIME_LIMIT = "stopped: time limit"  # the final row's status when trainer.max_time_s ended the run

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from ..results import atomic_write, read_jsonl
+from repro.common.results import atomic_write, read_jsonl
 
 
 def _line(row) -> str:

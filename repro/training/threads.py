@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from ..config import ConfigError
+from repro.cli.config import ConfigError
 
 
 def set_threads(setting, device: torch.device, key: str = "trainer.threads") -> int:

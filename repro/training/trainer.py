@@ -39,18 +39,37 @@ import torch.distributed as dist
 from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
-from ..config import ConfigError, in_multirun, parse_device
-from ..logging import NullLogger, make_logger
-from ..results import provenance
-from . import distributed as ddp
-from .checkpoint import LAST, check_fingerprint, check_run_dir, load_checkpoint, load_into, rng_state, save_checkpoint, set_rng_state
-from .optim import build_optimizer, build_scheduler
-from .parts import evaluate as held_out_means
-from .parts import (PRECISIONS, TIME_LIMIT, WARMUP_STEPS, compile_model, default_fingerprint, mean, rows_last,
-                    run_hook, to_device, validate)
-from .rows import RowLog, resumed_history
-from .stopping import exit_stopped, stop_on_signals, time_limit_line
-from .threads import set_threads
+from repro.cli.config import ConfigError, in_multirun, parse_device
+from repro.cli.logging import NullLogger, make_logger
+from repro.common.results import provenance
+from repro.training import distributed as ddp
+from repro.training.checkpoint import (
+    LAST,
+    check_fingerprint,
+    check_run_dir,
+    load_checkpoint,
+    load_into,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from repro.training.optim import build_optimizer, build_scheduler
+from repro.training.parts import (
+    PRECISIONS,
+    TIME_LIMIT,
+    WARMUP_STEPS,
+    compile_model,
+    default_fingerprint,
+    mean,
+    rows_last,
+    run_hook,
+    to_device,
+    validate,
+)
+from repro.training.parts import evaluate as held_out_means
+from repro.training.rows import RowLog, resumed_history
+from repro.training.stopping import exit_stopped, stop_on_signals, time_limit_line
+from repro.training.threads import set_threads
 
 
 class Trainer:
@@ -165,7 +184,8 @@ class Trainer:
         self.began = time.perf_counter()  # elapsed_s counts from here (on top of elapsed_before)
         self._mark_time()
         max_time = t.max_time_s
-        self.out_of_time = max_time is not None and self.elapsed_before >= max_time  # a resumed run that had used it all
+        # a resumed run that had used it all
+        self.out_of_time = max_time is not None and self.elapsed_before >= max_time
         self.bar = tqdm(total=t.max_steps, initial=self.step, desc=self.identity.get("task", "train"), unit="step",
                         dynamic_ncols=True, disable=not t.progress or not self.main)
         with stop_on_signals() as self.stop:

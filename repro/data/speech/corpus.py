@@ -24,11 +24,11 @@ import torch
 import torchaudio
 from tqdm import tqdm
 
-from ...config import ConfigError
-from ...results import REPO, atomic_write, read_jsonl, write_jsonl
-from .espeak import engine
-from .phonemes import espeak_to_arpabet
-from .sentences import english_sentences
+from repro.cli.config import ConfigError
+from repro.common.results import REPO, atomic_write, read_jsonl, write_jsonl
+from repro.data.speech.espeak import engine
+from repro.data.speech.phonemes import espeak_to_arpabet
+from repro.data.speech.sentences import english_sentences
 
 SAMPLE_RATE = 16000
 VERSION = 1  # bump when the generation changes, so old caches are not reused

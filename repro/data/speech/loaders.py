@@ -8,8 +8,8 @@ from pathlib import Path
 
 import soundfile as sf
 
-from ...config import ConfigError
-from .phonemes import words_to_arpabet
+from repro.cli.config import ConfigError
+from repro.data.speech.phonemes import words_to_arpabet
 
 POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")  # Debian: apt-get install pocketsphinx-testdata
 

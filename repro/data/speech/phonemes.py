@@ -5,7 +5,7 @@ inventory for both, so a model trained on the generated corpus can be scored on 
 import re
 from functools import lru_cache
 
-from ...config import ConfigError
+from repro.cli.config import ConfigError
 
 PHONEMES = ("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH "
             "UH UW V W Y Z ZH").split()

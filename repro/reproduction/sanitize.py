@@ -1,6 +1,6 @@
 """One small launch of every CuPy kernel, for compute-sanitizer (memcheck, racecheck):
 
-    compute-sanitizer --tool memcheck --error-exitcode 1 python -m repro.kernels.sanitize
+    compute-sanitizer --tool memcheck --error-exitcode 1 python -m repro.reproduction.sanitize
 
 Each launch uses shapes that reach the kernels' edge cases (a partial chunk, a partial value
 tile, several groups so the group-state and scan kernels run, a key width past one tile) and
@@ -10,13 +10,13 @@ import sys
 
 import torch
 
-from . import cupy_backend
-from .reference import causal_dot_product_naive
+from repro.kernels import cupy_backend
+from repro.kernels.reference import causal_dot_product_naive
 
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("repro.kernels.sanitize: no CUDA device", file=sys.stderr)
+        print("repro.reproduction.sanitize: no CUDA device", file=sys.stderr)
         return 2
     g = torch.Generator(device="cuda").manual_seed(0)
     bh, n, d, m = 2, 200, 70, 40  # 4 chunks (the last partial), 2 key-dim passes, a partial value tile
@@ -32,7 +32,8 @@ def main() -> int:
             print(f"cdp {dtype} tensor_cores={tensor_cores} rev={rev}: relative error {err:.2e}")
             if not err <= (1e-5 if dtype == torch.float32 else 1e-2):
                 failures.append((dtype, tensor_cores, rev, err))
-        qp, kp = torch.nn.functional.elu(q.float()).add(1).to(dtype), torch.nn.functional.elu(k.float()).add(1).to(dtype)
+        qp, kp = (torch.nn.functional.elu(q.float()).add(1).to(dtype),
+                  torch.nn.functional.elu(k.float()).add(1).to(dtype))
         out, den = cupy_backend.launch(qp, kp, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
         print(f"cdp norm {dtype} tensor_cores={tensor_cores}: finite {bool(torch.isfinite(out).all())}")
     S, Z = torch.zeros(bh, d, m, device="cuda"), torch.zeros(bh, d, device="cuda")

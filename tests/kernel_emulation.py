@@ -36,7 +36,7 @@ def _update_state(s, z, ks, vs, d0, d, norm):
 
 def group_states(k, v, states, cpg, n_groups, rev, norm):
     bh_n, n, d = k.shape
-    m, mtot = v.shape[-1], states.shape[-1]
+    m = v.shape[-1]
     n_chunks = -(-n // CHUNK)
     for bh in range(bh_n):
         for g in range(n_groups - 1):
@@ -111,7 +111,8 @@ def causal_dot_product(q, k, v, cpg, rev=False, norm=False, eps=1e-6):
     entries no block writes stay NaN."""
     bh_n, n, d = q.shape
     m = v.shape[-1]
-    n_groups = -(-(-(-n // CHUNK)) // cpg)
+    n_chunks = -(-n // CHUNK)
+    n_groups = -(-n_chunks // cpg)
     mtot = m + 1 if norm else m
     out = np.full((bh_n, n, m), np.nan)
     den = np.full((bh_n, n), np.nan) if norm else None

@@ -1,7 +1,8 @@
 """The paper's numbers (Katharopoulos et al. 2020, arXiv 2006.16236 v3), in one place, for the
-report (repro.report) to put beside ours. Figure values are read off the log-log plot (about
-±15%); tables are as printed. Keys use this suite's names (conf/attention, throughput methods).
-Each constant names the figure or table that holds its numbers."""
+tasks' printed tables and the report (repro.reproduction.report) to put beside ours. Figure
+values are read off the log-log plot (about ±15%); tables are as printed. Keys use this suite's
+names (conf/attention, throughput methods). Each constant names the figure or table that holds
+its numbers."""
 
 # Figure 1: forward + backward of one attention layer, per sample, GTX 1080 Ti (11 GB).
 # {attention: {N: (time ms, memory MB)}}; None where the paper gives no point (out of memory).
@@ -55,3 +56,17 @@ SECONDS_PER_IMAGE = {
 # Table 3: WSJ speech recognition, CTC over phonemes: validation PER % and seconds per epoch.
 ASR_HARDWARE = "1 GPU (not named in the paper)"
 ASR = {"bilstm": (10.94, 1047), "softmax": (5.12, 2711), "lsh-4": (9.33, 2250), "linear": (8.08, 824)}
+
+
+# The tasks name CIFAR-10 `cifar` (conf/task/cifar.yaml); the tables above name it `cifar10`.
+DATASETS = {"mnist": "mnist", "cifar": "cifar10", "cifar10": "cifar10"}
+
+
+def paper_bits_per_dim(dataset: str, method: str) -> float:
+    """Tables 1 and 2: the paper's test bits/dim of `method` on `dataset` (NaN where it has none)."""
+    return BITS_PER_DIM.get(DATASETS.get(dataset, dataset), {}).get(method, (float("nan"), None))[0]
+
+
+def paper_cpu_seconds_per_image(dataset: str, method: str) -> float | None:
+    """Table 5: the paper's CPU seconds to generate one image at batch 1 (None where it has none)."""
+    return SECONDS_PER_IMAGE.get(DATASETS.get(dataset, dataset), {}).get(method, (None, None))[0]

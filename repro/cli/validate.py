@@ -1,5 +1,5 @@
 """One check of a composed config, for every task, before any data is loaded or model built:
-run.py calls validate(cfg) before a single run starts (repro.cli.preflight: no run dir is made
+run.py calls validate(cfg) before a single run starts (repro.cli.preflight.preflight: no run dir is made
 for a bad config) and at the start of each job of a sweep (a bad job is recorded, the sweep
 goes on). A bad value is a ConfigError naming it and what is valid.
 
@@ -9,19 +9,12 @@ checks its own settings, e.g. an LSH chunk_size or a Performer's n_features) and
 the task is autoregressive and the attention has no causal form.
 """
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from .config import ConfigError, building_from_config
+from repro.cli.attention import attention_name
+from repro.cli.config import ConfigError, building_from_config
 
 AUTOREGRESSIVE_TASKS = ("copy", "mnist", "cifar")  # causal models: every attention must have a causal form
-
-
-def _choice(cfg, group: str) -> str | None:
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        return HydraConfig.get().runtime.choices.get(group)
-    return OmegaConf.select(cfg, f"hydra.runtime.choices.{group}")
 
 
 # the model keys that count something (a dropout of 0, also an int, is not a size)
@@ -46,12 +39,12 @@ def validate(cfg):
             raise ConfigError(f"model.{key}={value}: must be a positive integer")
     if cfg.get("attention") is None or sizes is None or "d_model" not in sizes or "n_heads" not in sizes:
         return
-    name = _choice(cfg, "attention") or cfg.attention._target_.rsplit(".", 1)[-1]
+    name = attention_name(cfg)
     with building_from_config():  # the constructor's ValueError is the user's to fix
         layer = instantiate(cfg.attention)(d_model=sizes.d_model, n_heads=sizes.n_heads)
     task = cfg.task.get("name")
     causal = bool(cfg.task.get("causal", task in AUTOREGRESSIVE_TASKS))
-    from .attention.noncausal import CAUSAL_CONFIGS, NonCausalAttention
+    from repro.attention.noncausal import CAUSAL_CONFIGS, NonCausalAttention
 
     if causal and isinstance(layer, NonCausalAttention):
         why = "task.causal=true" if "causal" in cfg.task else f"task={task} is autoregressive"

@@ -6,7 +6,7 @@ closed first). A single run then exits (2 for a bad config, 1 for a run that pro
 and leaves no run dir behind if nothing but Hydra's own files is in it. A job of a sweep
 instead records its failure (<job dir>/failed.json: its overrides and the line; another error
 also prints its traceback) and returns, so the sweep goes on; at the sweep's end
-repro.callbacks lists the failed jobs and run.py exits 1.
+repro.cli.callbacks lists the failed jobs and run.py exits 1.
 """
 import json
 import shutil
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from hydra.errors import InstantiationException
 
-from .config import ConfigError, RunFailed, in_multirun
-from .results import atomic_write
-from .training.distributed import is_main
+from repro.cli.config import ConfigError, RunFailed, in_multirun
+from repro.common.results import atomic_write
+from repro.training.distributed import is_main
 
 FAILED_FILE = "failed.json"
 failed_jobs: list[dict] = []  # in the launching process, after a sweep: its failed jobs

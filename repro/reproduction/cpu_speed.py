@@ -1,10 +1,10 @@
 """CPU speed of the causal linear attention core (issue 18): every row of the issue's table
 from one run, each pair timed interleaved (A, B, A, B, ...; medians of --rounds rounds):
 
-    python -m repro.kernels.cpu_speed                          # 2 threads, 9 rounds
-    python -m repro.kernels.cpu_speed --threads 1 --rounds 7
-    python -m repro.kernels.cpu_speed --peer-sdist pytorch-fast-transformers-0.4.0.tar.gz
-    python -m repro.kernels.cpu_speed --chunk-sweep             # fwd+bwd per chunk size C, per (D, M)
+    python -m repro.reproduction.cpu_speed                          # 2 threads, 9 rounds
+    python -m repro.reproduction.cpu_speed --threads 1 --rounds 7
+    python -m repro.reproduction.cpu_speed --peer-sdist pytorch-fast-transformers-0.4.0.tar.gz
+    python -m repro.reproduction.cpu_speed --chunk-sweep             # fwd+bwd per chunk size C, per (D, M)
 
 Rows (B = 1, H = 8, D = M = 64, fp32 unless said):
   kernel_vs_peer   causal_dot_product forward + backward, ours against fast-transformers 0.4.0's
@@ -28,8 +28,8 @@ import argparse
 import importlib.metadata
 import json
 import os
-import sys
 import statistics
+import sys
 import tarfile
 import tempfile
 import time
@@ -38,9 +38,9 @@ from pathlib import Path
 
 import torch
 
-from ..results import REPO, atomic_write, provenance, rows_to_csv
-from .chunked import causal_dot_product_chunked, default_chunk_size
-from .peers import ft_autograd
+from repro.common.results import REPO, atomic_write, provenance, rows_to_csv
+from repro.kernels.chunked import causal_dot_product_chunked, default_chunk_size
+from repro.reproduction.peers import ft_autograd
 
 PEER = "fast_transformers"
 ROWS = ["kernel", "pass", "layer", "generation"]
@@ -103,7 +103,8 @@ def peer(sdist: str | None):
     try:
         return build_peer(Path(sdist)), f"0.4.0 sdist built here ({Path(sdist).name})"
     except Exception as err:  # no compiler, no ninja: the peer is optional, so its row says why
-        return None, f"missing: building {Path(sdist).name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+        return None, (f"missing: building {Path(sdist).name} failed "
+                      f"({type(err).__name__}: {str(err).splitlines()[0][:200]})")
 
 
 def _version(dist):
@@ -187,8 +188,9 @@ def pass_rows(base, args, gemm):
     common = dict(pass_=None, n=n, batch=b, heads=h, d=d, m=d, chunk=c, method="ours", status="ok")
     gf = matmul_flops(b, h, n, d, d, c) / (f_ms / 1e3) / 1e9
     return [
-        _row(base, **{**common, "pass_": "fwd"}, measure="forward", ms=f_ms, times_ms=[1e3 * x for x in t["forward"][1]],
-             matmul_gflops=gf, gemm_gflops=gemm, pct_of_gemm=100 * gf / gemm, target="keep"),
+        _row(base, **{**common, "pass_": "fwd"}, measure="forward", ms=f_ms,
+             times_ms=[1e3 * x for x in t["forward"][1]], matmul_gflops=gf, gemm_gflops=gemm,
+             pct_of_gemm=100 * gf / gemm, target="keep"),
         _row(base, **{**common, "pass_": "bwd"}, measure="backward_dense", ms=bd_ms,
              times_ms=[1e3 * x for x in t["backward_dense"][1]], x_forward=bd_ms / f_ms, target="<= 2.5x forward",
              met=bd_ms / f_ms <= 2.5),
@@ -199,7 +201,7 @@ def pass_rows(base, args, gemm):
 
 
 def layer_rows(base, args):
-    from ..attention import LinearAttention, SoftmaxAttention
+    from repro.attention import LinearAttention, SoftmaxAttention
 
     torch.manual_seed(0)
     layers = {"linear": LinearAttention(256, 8), "softmax": SoftmaxAttention(256, 8)}
@@ -208,7 +210,8 @@ def layer_rows(base, args):
         b = max(1, args.layer_tokens // n)
         x = torch.randn(b, n, 256, requires_grad=True)
         g = torch.randn(b, n, 256)
-        fns = {name: (lambda layer=layer: torch.autograd.grad(layer(x, causal=True), (x, *layer.parameters()), g))
+        fns = {name: (lambda layer=layer, x=x, g=g:
+                      torch.autograd.grad(layer(x, causal=True), (x, *layer.parameters()), g))
                for name, layer in layers.items()}
         t = interleaved(fns, args.rounds, settle=args.settle)
         ratio = t["softmax"][0] / t["linear"][0]
@@ -229,11 +232,11 @@ def generation_rows(base, args):
     import numpy as np
     import torch._dynamo
 
-    from ..attention import LinearAttention
-    from ..models import logistic_mixture as dmol
-    from ..models.generate import generate
-    from ..models.pixels import IMAGE_SHAPES, PixelTransformer
-    from ..tasks.throughput import LAYERS, compile_generation, time_floor
+    from repro.attention import LinearAttention
+    from repro.models import logistic_mixture as dmol
+    from repro.models.generate import generate
+    from repro.models.pixels import IMAGE_SHAPES, PixelTransformer
+    from repro.tasks.throughput import LAYERS, compile_generation, time_floor
 
     cpu, rows = torch.device("cpu"), []
     for size in args.generation_sizes:
@@ -274,7 +277,8 @@ def chunk_sweep(args):
     for d, m in args.sweep_dims:
         q, k, v = _qkv(1, 8, args.pass_length, d, m, seed=d * 1000 + m)
         g = torch.randn(1, 8, args.pass_length, m)
-        fns = {c: (lambda c=c: torch.autograd.grad(causal_dot_product_chunked(q, k, v, c), (q, k, v), g))
+        fns = {c: (lambda c=c, q=q, k=k, v=v, g=g:
+                   torch.autograd.grad(causal_dot_product_chunked(q, k, v, c), (q, k, v), g))
                for c in args.sweep_chunks}
         t = interleaved(fns, args.rounds, settle=args.settle)
         best = min(t, key=lambda c: t[c][0])
@@ -297,7 +301,7 @@ def _print(r):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m repro.kernels.cpu_speed", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m repro.reproduction.cpu_speed", description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2, the issue's setting)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--kernel-lengths", type=int, nargs="+", default=[1024, 4096])
@@ -322,7 +326,8 @@ def main(argv=None):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
     import torch._dynamo
-    if "generation" in args.rows and args.generation_backend not in (valid := torch._dynamo.list_backends(exclude_tags=())):
+    if ("generation" in args.rows
+            and args.generation_backend not in (valid := torch._dynamo.list_backends(exclude_tags=()))):
         raise SystemExit(f"--generation-backend={args.generation_backend!r}; valid: {', '.join(sorted(valid))}")
     if args.settle is not None and args.settle < 0:
         raise SystemExit(f"--settle={args.settle}: must be >= 0")
@@ -359,7 +364,7 @@ def _run(args, argv):
         name = f"cpu_speed_{args.threads}t_{stamp}"
     rows = [{("pass" if k == "pass_" else k): v for k, v in r.items()} for r in rows]
     atomic_write(out_dir / f"{name}.csv", rows_to_csv(rows))
-    atomic_write(out_dir / f"{name}.json", json.dumps({"command": "python -m repro.kernels.cpu_speed "
+    atomic_write(out_dir / f"{name}.json", json.dumps({"command": "python -m repro.reproduction.cpu_speed "
                                                        + " ".join(argv if argv is not None else sys.argv[1:]),
                                                        "rows": rows}, indent=1, default=str))
     print(f"wrote {len(rows)} rows to {out_dir / name}.csv and .json")

@@ -7,7 +7,7 @@ naming the bad value and what is valid, raised before any run directory is made:
 - `group=name` naming no file in conf/<group>/;
 - `a.b=v` naming no key of the config (with the nearest key that exists);
 - a value of the wrong type for its key (the preset's type: an integer stays an integer);
-- for a single run, the composed config itself (repro.validate).
+- for a single run, the composed config itself (repro.cli.validate).
 
 It also fixes a sweep's directory: `hydra.sweep.dir` holds ${now:} and ${uid:}, which every
 launcher worker (a joblib process, a submitit or SLURM job) would resolve again, each its own
@@ -18,7 +18,7 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .config import CONF_DIR, ConfigError, group_options
+from repro.cli.config import CONF_DIR, ConfigError, group_options
 
 HYDRA_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
                "--version", "--resolve", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
@@ -170,7 +170,7 @@ def preflight(argv: list[str], pin_sweep_dir: bool = True) -> list[str]:
             return _pinned(argv, loader, overrides) if multirun and pin_sweep_dir else argv
     multirun = multirun or cfg.hydra.mode == RunMode.MULTIRUN
     if not multirun:
-        from .validate import validate
+        from repro.cli.validate import validate
 
         validate(cfg)
         return argv

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _umask() -> int:
@@ -63,6 +63,13 @@ def output_dirs(rows, out_dir, raw_name: str) -> list[Path]:
         return [Path(out_dir)]
     write_jsonl(REPO / publish / raw_name, rows)
     return [Path(out_dir), REPO / publish]
+
+
+def publish_folder(rows) -> Path | None:
+    """The folder under the repository that the rows ask their aggregate to be published in (their
+    `publish` setting), or None: a run and a sweep's callback publish alike."""
+    publish = next((r.get("publish") for r in rows if r.get("publish")), None)
+    return REPO / publish if publish else None
 
 
 def json_text(obj, **kwargs) -> str:

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from ..results import REPO
+from repro.common.results import REPO
 
 FT_SDIST_NAMES = ("pytorch-fast-transformers-0.4.0.tar.gz", "pytorch_fast_transformers-0.4.0.tar.gz")
 FT_MEMBER = "fast_transformers/causal_product/causal_product_cuda.cu"
@@ -96,7 +96,8 @@ def _ninja_on_path():
         import ninja
     except ImportError:
         return
-    for folder in (Path(ninja.__file__).resolve().parents[1] / "bin", Path(getattr(ninja, "BIN_DIR", "") or "/nonexistent")):
+    for folder in (Path(ninja.__file__).resolve().parents[1] / "bin",
+                   Path(getattr(ninja, "BIN_DIR", "") or "/nonexistent")):
         if (folder / "ninja").is_file():
             os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
             return

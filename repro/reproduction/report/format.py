@@ -1,0 +1,94 @@
+"""What every section of the report shares: markdown tables and numbers, the hardware a table
+ran on, and the command that produced a results folder."""
+import math
+import re
+from pathlib import Path
+
+from repro.common.results import read_jsonl
+
+
+def num(v: float) -> str:
+    return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def md_table(header, rows) -> str:
+    def cell(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "—"
+        if isinstance(v, float):
+            return num(v)
+        return str(v).replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _commands_in(text: str) -> list[tuple[str, str]]:
+    """(line, command) for every `python ...` command in a README: indented or fenced lines (with
+    backslash continuations) and inline `...` spans."""
+    out, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        for span in re.findall(r"`([^`]*python [^`]*)`", line):
+            out.append((line, span))
+        m = re.match(r"^\s+((?:[A-Z_]+=\S+ )*python .*)$", line)
+        if m:
+            parts, j = [m.group(1)], i
+            while parts[-1].endswith("\\") and j + 1 < len(lines):
+                j += 1
+                parts[-1] = parts[-1][:-1].rstrip()
+                parts.append(lines[j].strip())
+            out.append((line, " ".join(parts)))
+    return out
+
+
+def command(folder: Path, root: Path) -> str:
+    """The command that produced `folder` (see the module docstring)."""
+    if (folder / "command.txt").is_file():
+        return " ".join(line.strip().rstrip("\\").strip() for line in (folder / "command.txt").read_text().splitlines()
+                        if line.strip())
+    d = folder
+    while True:
+        found = _commands_in((d / "README.md").read_text()) if (d / "README.md").is_file() else []
+        if d != folder:  # a parent's README: the command on the line naming this folder
+            named = [c for line, c in found if f"{folder.relative_to(d).as_posix()}" in line]
+            found = [(None, c) for c in named] or found
+        if found:
+            return found[0][1]
+        if d == root or root not in d.parents:
+            return "not recorded (add a command.txt)"
+        d = d.parent
+
+
+def hardware(df) -> str:
+    if "device" not in df:
+        return "not recorded"
+    return "; ".join(sorted(set(map(str, df.device.dropna()))))[:200] or "not recorded"
+
+
+def is_gpu(device: str) -> bool:
+    return bool(re.search(r"nvidia|cuda|tesla|geforce|\b[AHVLP]\d{2,3}\b", device, re.I))
+
+
+def hw_class(device: str) -> str:
+    """The hardware a result is shown under: "CPU" for every CPU (their device strings differ by
+    thread count), else the GPU's own name (two GPUs are two columns)."""
+    return device.strip() if is_gpu(device) else "CPU"
+
+
+def dataset_of(value) -> str | None:
+    v = str(value).lower()
+    return "cifar10" if "cifar" in v else "mnist" if "mnist" in v else None
+
+
+def code(text) -> str:
+    return f"`{text}`"
+
+
+def commands_of(folders, root) -> str | None:
+    cmds = "; ".join(dict.fromkeys(command(f, root) for f in folders))
+    return code(cmds) if cmds else None
+
+
+def run_rows(folder):
+    """The run rows (.jsonl) beside a table, as dicts."""
+    return [r for path in sorted(folder.glob("*.jsonl")) for r in read_jsonl(path)]

@@ -1,0 +1,71 @@
+"""Table 3: speech recognition, phoneme error rate and seconds per epoch (any CSV with a PER
+column per model: the speech task's asr_table.csv)."""
+import re
+
+import pandas as pd
+
+from repro.common import paper
+from repro.reproduction.report.format import code, command, hardware, md_table, run_rows
+from repro.reproduction.report.schema import Table
+
+PER_COLUMNS = ("valid_per_%", "per_%", "per", "eval_per", "valid_per", "test_per_%", "test_per")
+TABLES = [Table("*.csv", {col: float}, {"seconds_per_epoch": float, "s_per_epoch": float}, when=col)
+          for col in PER_COLUMNS]
+
+
+def _asr_device(df, folder) -> str:
+    """The device named by the table, else by the run rows beside it."""
+    return hardware(df if "device" in df else pd.DataFrame(run_rows(folder)))
+
+
+def is_timing_run(df, folder) -> bool:
+    """A run made to time epochs, not to train (its label, in the table or in the run rows beside
+    it, says "timing run"): its error rates are those of an untrained model, not results."""
+    labels = list(df["label"].dropna()) if "label" in df else [r.get("label") for r in run_rows(folder)]
+    return any(re.search(r"\btiming run\b", str(label), re.I) for label in labels if label)
+
+
+def asr_tables_of(csvs):
+    """(path, table, PER column, name column, seconds column) of every CSV with a PER per model."""
+    out = []
+    for path, df in csvs:
+        # a column named ..._% holds percentages; otherwise a fraction when <= 1
+        col = next((c for c in ("valid_per_%", "per_%", "per", "eval_per", "valid_per", "test_per_%", "test_per")
+                    if c in df), None)
+        name_col = next((c for c in ("attention", "model") if c in df), None)
+        secs = next((c for c in ("seconds_per_epoch", "s_per_epoch") if c in df), None)
+        if col is not None and name_col is not None:
+            out.append((path, df, col, name_col, secs))
+    return out
+
+
+def table_3(ctx) -> str:
+    root = ctx.root
+    asr_tables = ctx.memo.setdefault("asr_tables", asr_tables_of(ctx.csvs))
+    ctx.used |= {path.parent for path, *_ in asr_tables}
+    out = ["## Table 3: speech recognition (WSJ), phoneme error rate and seconds per epoch",
+           f"Paper: WSJ 80 h, CTC over phonemes, {paper.ASR_HARDWARE}. Ours: the ASR task on the corpus its "
+           "folder names (see its command); validation PER, as the paper reports. A timing run (a few updates "
+           "of an untrained model, its label says so) gives seconds per epoch only: its PER is no result."]
+    headers = ["model", "paper PER %", "our PER %", "paper s/epoch", "our s/epoch"]
+    tables = []
+    for path, df, col, name_col, secs in asr_tables:
+        folder = path.parent
+        timing = is_timing_run(df, folder)
+        found = {}
+        for _, r in df.dropna(subset=[col]).iterrows():
+            per = float(r[col]) * (1 if col.endswith("%") or float(r[col]) > 1 else 100)
+            found[str(r[name_col]).lower().replace("-lstm", "lstm").replace("_", "")] = (
+                "timing run" if timing else per, r.get(secs) if secs else None)
+        rows = [[name, p_per, found[name][0] if name in found else "not run here", p_s,
+                 found[name][1] if name in found else None] for name, (p_per, p_s) in paper.ASR.items()]
+        tables.append(f"### {folder.relative_to(root)}{' (timing run)' if timing else ''}\n\n"
+                      f"Hardware: {_asr_device(df, folder)}  \n"
+                      f"Command: {code(command(folder, root))}\n\n" + md_table(headers, rows))
+    if not tables:
+        tables = [md_table(headers, [[name, p_per, "not yet run", p_s, None]
+                                     for name, (p_per, p_s) in paper.ASR.items()])]
+    return "\n\n".join(out + tables)
+
+
+SECTIONS = [(60, "table_3", table_3)]

@@ -1,0 +1,57 @@
+"""docs/extending.md, done once: in a copy of the repository, an attention (its module, its
+config, its test), a task (its module, its config) and a report table (one module) are added
+from tests/extending/ exactly where the page says, and run end to end: the attention's test, the
+task alone and as a launcher sweep that publishes, the copy task with the new attention, and
+the report with the new section."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = Path(__file__).resolve().parent / "extending"
+# what docs/extending.md says to add, and where (its tables name these paths)
+ADDED = {"mean_attention.py": "repro/attention/mean.py", "mean.yaml": "conf/attention/mean.yaml",
+         "toy_test_mean_attention.py": "tests/test_mean_attention.py", "norms.py": "repro/tasks/norms.py",
+         "norms_task.yaml": "conf/task/norms.yaml", "norms_section.py": "repro/reproduction/report/norms.py"}
+
+
+def test_the_documented_files_are_the_ones_added():
+    """The page's tables name each place (with <name> for the example's name) and its example."""
+    page = (REPO / "docs" / "extending.md").read_text()
+    for src, dest in ADDED.items():
+        stem = Path(dest).stem.removeprefix("test_")
+        assert f"`{dest.replace(stem, '<name>')}`" in page and f"`tests/extending/{src}`" in page, (src, dest)
+
+
+def test_an_attention_a_task_and_a_report_table_added_as_documented_run_end_to_end(tmp_path):
+    clone = tmp_path / "repo"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in ("repro", "conf"):
+        shutil.copytree(REPO / part, clone / part, ignore=ignore)
+    shutil.copy(REPO / "run.py", clone / "run.py")
+    (clone / "tests").mkdir()
+    for src, dest in ADDED.items():
+        (clone / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(TOY / src, clone / dest)
+    env = {**os.environ, "PYTHONPATH": str(clone), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+    def run(*args):
+        res = subprocess.run([sys.executable, *args], cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"{args}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        return res.stdout
+
+    run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_mean_attention.py")
+    assert "norm" in run("run.py", "task=norms", "attention=mean", "model=tiny")
+    run("run.py", "-m", "hydra/launcher=joblib_cpu", "task=norms", "attention=mean,softmax", "model=tiny",
+        "task.publish=results/norms")
+    table = pd.read_csv(clone / "results" / "norms" / "norms.csv")
+    assert sorted(set(table.attention)) == ["mean", "softmax"] and len(table) == 4
+    run("run.py", "experiment=smoke_copy", "attention=mean", "task.max_len=12", "task.batch_size=4",
+        "trainer.max_steps=3", "trainer.eval_every=0", "trainer.checkpoint=false", "trainer.progress=false")
+    run("-m", "repro.report", "--results", "results")
+    report = (clone / "results" / "REPORT.md").read_text()
+    assert "## Output norms (task=norms)" in report and "| mean | 8 |" in report

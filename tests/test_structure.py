@@ -1,0 +1,136 @@
+"""The package's shape (docs/README.md, "Code layout"): three floors and a ground floor, every
+import pointing down or sideways, never up; the library importable without Hydra, OmegaConf or
+wandb; no module past about 400 lines."""
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "repro"
+# floor -> the packages on it; a module may import from its own floor and those below
+FLOORS = {
+    0: ("repro.common",),
+    1: ("repro.kernels", "repro.attention", "repro.models"),
+    2: ("repro.data", "repro.training", "repro.tasks", "repro.cli"),
+    3: ("repro.reproduction", "repro.report", "repro.reproduce_gpu"),
+}
+MAX_LINES = 400
+
+
+def floor_of(module: str) -> int | None:
+    for floor, prefixes in FLOORS.items():
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return floor
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every repro module `path` imports, at any depth (function-local imports too), and every
+    `python -m repro.X` or import_module("repro.X") it names as a string."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "repro"}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import (the floors are read from absolute ones)"
+            if node.module and node.module.split(".")[0] == "repro":
+                found.add(node.module)
+                found |= {f"{node.module}.{a.name}" for a in node.names
+                          if (PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
+                          or (PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")).is_dir()}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("repro.") \
+                and node.value.replace(".", "").replace("_", "").isalnum():
+            found.add(node.value)
+    return found
+
+
+def test_every_module_sits_on_a_floor():
+    loose = [module_name(p) for p in PACKAGE.rglob("*.py") if floor_of(module_name(p)) is None
+             and module_name(p) != "repro"]
+    assert not loose, f"modules on no floor (tests/test_structure.py FLOORS): {loose}"
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        me = module_name(path)
+        mine = floor_of(me)
+        for dep in imports_of(path):
+            theirs = floor_of(dep)
+            if mine is not None and theirs is not None and theirs > mine:
+                upward.append(f"{me} (floor {mine}) imports {dep} (floor {theirs})")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_the_floor_check_sees_an_upward_import(tmp_path):
+    """The check above can fail: an attention module importing the report is caught."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from repro.reproduction import report\n")
+    assert "repro.reproduction.report" in imports_of(bad)
+    assert floor_of("repro.attention.linear") < floor_of("repro.reproduction.report")
+
+
+def test_the_library_imports_without_hydra_omegaconf_or_wandb():
+    """Floors 0 and 1, every module of them, in a fresh interpreter where Hydra, OmegaConf and
+    wandb cannot be imported; and the README's one-liner builds and runs a layer."""
+    library = sorted(module_name(p) for p in PACKAGE.rglob("*.py") if (floor_of(module_name(p)) or 0) <= 1
+                     and module_name(p) != "repro")
+    code = textwrap.dedent(f"""
+        import importlib, sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("hydra", "omegaconf", "wandb"):
+                    raise ImportError(f"{{name}} is blocked for this test")
+        sys.meta_path.insert(0, Block())
+        for name in {library!r}:
+            importlib.import_module(name)
+        import torch
+        from repro.attention import LinearAttention
+        layer = LinearAttention(d_model=32, n_heads=4)
+        y = layer(torch.randn(2, 9, 32), causal=True)
+        assert y.shape == (2, 9, 32)
+        print("ok", len({library!r}))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.startswith("ok"), res.stdout[-2000:] + res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_is_longer_than_about_400_lines(path):
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(REPO)} has {n} lines: split it by concept"
+
+
+def test_the_package_builds_with_its_cuda_sources(tmp_path):
+    """pyproject.toml: `pip install -e .` and a wheel take every package of repro/ and the .cu
+    sources beside the CuPy wrapper (built here offline, with the venv's own setuptools)."""
+    import zipfile
+
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                          "--no-index", "-w", str(tmp_path), str(REPO)], capture_output=True, text=True, cwd=tmp_path)
+    if res.returncode != 0 and "No module named" in res.stderr and "setuptools" in res.stderr:
+        pytest.skip("no setuptools in this environment to build with")
+    assert res.returncode == 0, res.stderr[-3000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = {p.relative_to(REPO).as_posix() for p in PACKAGE.rglob("*.py")}
+    assert packages <= names, sorted(packages - names)
+    assert {p.relative_to(REPO).as_posix() for p in (PACKAGE / "kernels").glob("*.cu*")} <= names
+
+
+def test_the_kernel_choice_is_read_in_one_place():
+    """REPRO_KERNEL is read by repro.kernels.backend alone; every path asks it."""
+    import re
+
+    read = re.compile(r"""(environ\.get\(|environ\[|getenv\()\s*["']REPRO_KERNEL""")
+    readers = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py") if read.search(p.read_text()))
+    assert readers == ["repro/kernels/backend.py"], readers
