@@ -2,39 +2,56 @@
 the formats the tasks publish (copy_final/copy_curves, bpd_curves + image_rows, asr_table +
 asr_rows, throughput.csv), with the expected numbers worked out by hand."""
 import json
+import shutil
 
 import pandas as pd
 import pytest
 
 from repro.reproduction import claims
-from repro.reproduction.claims import NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED
+from repro.reproduction.claims import NOT_REPRODUCED, NOT_TESTABLE
+from repro.reproduction.verdicts import CONTRADICTED, MEASURED, REPRODUCED, UNDECIDED, Seeds, below, reaches, slopes
 
 # ----------------------------------------------------------------------------- the rules
 
-def test_same_loss():
-    assert claims.same_loss(0.005, 0.0001, tol=0.01)
-    assert claims.same_loss(0.0001, 0.005, tol=0.01)  # better than the reference counts
-    assert not claims.same_loss(0.05, 0.0001, tol=0.01)
+def test_seeds_mean_and_spread_by_hand():
+    s = Seeds((1.0, 2.0, 3.0))
+    assert (s.n, s.mean, s.sd) == (3, 2.0, 1.0)
+    assert s.text("{:.2f}") == "2.00 ± 1.00 (3 seeds)"
+    with pytest.raises(ValueError, match="never computed from a non-finite value"):
+        Seeds((1.0, float("nan"), 2.0))
 
 
-@pytest.mark.parametrize("values, verdict, measured", [
-    ({"a": 1.0, "b": 1.1, "c": 1.2}, REPRODUCED, "a < b < c"),
-    ({"a": 1.0, "b": 1.2, "c": 1.1}, f"{NOT_REPRODUCED}: the order differs", "a < c < b"),
-    ({"a": 1.0, "b": 1.005, "c": 1.2}, f"{NOT_REPRODUCED}: inconclusive, gaps within 0.01 bits/dim (ties)",
-     "a ≈ b < c"),
-    # an inversion within the tolerance is a tie, not a different order
-    ({"a": 1.004, "b": 1.0, "c": 1.2}, f"{NOT_REPRODUCED}: inconclusive, gaps within 0.01 bits/dim (ties)",
-     "b ≈ a < c"),
+@pytest.mark.parametrize("low, high, verdict", [
+    ((1.0, 1.1, 0.9), (2.0, 2.1, 1.9), REPRODUCED),        # gap 1 > spread 0.14
+    ((2.0, 2.1, 1.9), (1.0, 1.1, 0.9), CONTRADICTED),      # the other way round
+    ((1.0, 1.3, 0.7), (1.1, 1.4, 0.8), UNDECIDED),         # gap 0.1 inside spread 0.42
+    ((1.0, 1.1), (2.0, 2.1), MEASURED),                    # two seeds: shown, not judged
 ])
-def test_ordering_verdict(values, verdict, measured):
-    assert claims.ordering_verdict(values, ["a", "b", "c"], tol=0.01) == (verdict, measured)
+def test_below_has_three_outcomes_and_needs_three_seeds(low, high, verdict):
+    assert below(Seeds(low), Seeds(high))[0] == verdict
 
 
-def test_leader_verdict():
-    assert claims.leader_verdict({"l": 1.0, "s": 1.05, "h": 1.2}, "l", tol=0.01) == REPRODUCED
-    assert claims.leader_verdict({"l": 1.0, "s": 0.95, "h": 1.2}, "l", tol=0.01) == f"{NOT_REPRODUCED}: s ahead"
-    assert claims.leader_verdict({"l": 1.0, "s": 1.005, "h": 0.995}, "l", tol=0.01) == \
-        f"{NOT_REPRODUCED}: inconclusive, within 0.01 bits/dim of s, h"
+def test_an_undecided_gap_says_when_the_slopes_would_clear_it():
+    low, high = Seeds((1.0, 1.3, 0.7)), Seeds((1.1, 1.4, 0.8))  # gap 0.1, spread 0.3 * sqrt(2) = 0.424
+    verdict, why = below(low, high, rate=0.001)
+    assert verdict == UNDECIDED and "after ~324 more steps" in why  # (0.424 - 0.1) / 0.001
+    assert "would not clear it" in below(low, high, rate=-0.001)[1]
+
+
+@pytest.mark.parametrize("a, falling, verdict", [
+    ((0.005, 0.006, 0.004), False, REPRODUCED),            # within tol 0.01 of the reference
+    ((0.3, 0.31, 0.29), True, UNDECIDED),                  # far above, still on its way down
+    ((0.3, 0.31, 0.29), False, CONTRADICTED),              # far above and flat
+])
+def test_reaches_has_three_outcomes(a, falling, verdict):
+    assert reaches(Seeds(a), Seeds((0.001, 0.002, 0.0015)), tol=0.01, still_falling=falling)[0] == verdict
+
+
+def test_slopes_have_three_outcomes():
+    paper = {"linear": 1.0, "softmax": 2.0}
+    assert slopes({"linear": 1.1, "softmax": 1.9}, paper)[0] == REPRODUCED
+    assert slopes({"linear": 1.1, "softmax": 1.5}, paper)[0] == UNDECIDED  # ordered, softmax 0.5 short
+    assert slopes({"linear": 1.6, "softmax": 1.5}, paper)[0] == CONTRADICTED
 
 
 def test_speedup_and_growth_verdicts():
@@ -49,28 +66,41 @@ def test_speedup_and_growth_verdicts():
 
 # ----------------------------------------------------------------------------- the section
 
-def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002):
-    copy = results / "copy/figure2_long_cpu"
+def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002, linear_falling=0.0):
+    """Runs as the tasks publish them: each seed's eval rows and final row (copy_rows.jsonl,
+    image_rows.jsonl). Copy: losses per attention, seeds spread by +-10 %; linear's curve falls
+    by `linear_falling` over its last quarter. MNIST: bits/dim falls 0.1 per 100 steps from a
+    per-attention start, seeds offset by -0.01, 0, +0.01."""
+    fig1 = results / "figure1-cpu"
+    fig1.mkdir(parents=True)
+    (fig1 / "summary.json").write_text(json.dumps({"attentions": {
+        "linear": {"largest_n": 65536, "time_slope_all": 1.1},
+        "softmax-math": {"largest_n": 2048, "time_slope_all": 1.9, "first_failure": "timeout at N=4096"}},
+        "crossovers": {"linear vs softmax-math": {"linear_faster_from_n": 512}}}))
+    copy = results / "copy/figure2_n128_cpu"
     copy.mkdir(parents=True)
     final = {"softmax": 0.0001, "linear": linear_copy_loss, "lsh-4": lsh_copy_loss}
-    pd.DataFrame([{"max_len": 32, "attention": a, "n_seeds": 3, "steps": 4000.0, "eval_loss": v,
-                   "eval_loss_std": v / 10, "eval_accuracy": 0.99} for a, v in final.items()]
-                 ).to_csv(copy / "copy_final.csv", index=False)
-    pd.DataFrame([{"max_len": 32, "attention": "softmax", "kind": "eval", "metric": "loss", "step": s, "mean": v}
-                  for s, v in [(1000, 0.01), (2000, 0.001), (4000, 0.0001)]]).to_csv(
-        copy / "copy_curves.csv", index=False)
+    common = {"max_len": 128, "min_copy": 32, "max_copy": 62, "n_layers": 2, "d_model": 64}
+    rows = []
+    for a, v in final.items():
+        for seed, f in enumerate((0.9, 1.0, 1.1)):
+            for step in (1000, 2000, 3000, 4000):
+                extra = linear_falling * (4000 - step) / 1000 if a == "linear" else 0.0
+                rows.append({**common, "kind": "eval", "attention": a, "seed": seed, "step": step,
+                             "loss": v * f + extra})
+            rows.append({**common, "kind": "final", "attention": a, "seed": seed, "steps": 4000,
+                         "eval_loss": v * f, "eval_accuracy": 0.99})
+    (copy / "copy_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    img = results / "images/mnist_claims_cpu"
+    img = results / "images/mnist_claims_seeds_cpu"
     img.mkdir(parents=True)
-    # bits/dim falls by 0.1 per 100 steps from a per-attention start; ms/step per attention
-    start = {"softmax": 2.0, "linear": 2.02, "lsh-4": 2.05, "lsh-1": 2.1}
+    start = {"softmax": 2.0, "linear": 2.1, "lsh-4": 2.2, "lsh-1": 2.3}
     ms = {"softmax": 100.0, "linear": 50.0, "lsh-4": 200.0, "lsh-1": 100.0}
-    pd.DataFrame([{"dataset": "mnist", "attention": a, "kind": "eval", "step": s, "mean": b - s / 1000,
-                   "min": 0, "max": 0, "n_seeds": 1} for a, b in start.items() for s in (100, 200, 300, 400)]
-                 ).to_csv(img / "bpd_curves.csv", index=False)
-    (img / "image_rows.jsonl").write_text("".join(
-        json.dumps({"kind": "final", "attention": a, "cpu_time_per_step_ms": v, "steps": 400}) + "\n"
-        for a, v in ms.items()))
+    rows = [{"kind": "eval", "attention": a, "seed": seed, "step": s, "bits_per_dim": b - s / 1000 + d}
+            for a, b in start.items() for seed, d in enumerate((-0.01, 0.0, 0.01)) for s in (100, 200, 300, 400)]
+    rows += [{"kind": "final", "attention": a, "seed": seed, "cpu_time_per_step_ms": v, "steps": 400}
+             for a, v in ms.items() for seed in range(3)]
+    (img / "image_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     asr = results / "asr/speed_800_cpu"
     asr.mkdir(parents=True)
@@ -91,69 +121,76 @@ def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002):
 def test_section_from_results(tmp_path):
     _write(tmp_path)
     rows = claims.claims(tmp_path)
-    copy_linear, copy_lsh, mnist_steps, mnist_time, asr, gen, *untestable = rows
-    assert copy_linear.verdict == REPRODUCED and "linear 0.0020 ± 0.00020 (99.00 % right)" in copy_linear.here
-    assert "softmax had 0.001 at update 2000" in copy_linear.here  # the last eval at or before 3/4 of 4000
-    assert copy_lsh.verdict == REPRODUCED and "lsh-4 0.60 ± 0.060" in copy_lsh.here
-    # straight curves: no wobble, so gaps above 0.01 count. Equal steps: the mean of the last 3
-    # evaluations (steps 200..400: start - 0.3) = 1.7, 1.72, 1.75, 1.8 -> the paper's order
-    assert (mnist_steps.verdict == REPRODUCED
-            and "softmax 1.700, linear 1.720, lsh-4 1.750, lsh-1 1.800" in mnist_steps.here)
-    assert "gaps below 0.010" in mnist_steps.here
-    # equal time: the fastest run (linear, 400 x 50 ms = 20 s) is the budget; in it softmax and
-    # lsh-1 take 200 steps, lsh-4 100, linear 400; the smoothed curve there (mean of the evals up
-    # to it, at most 3): start - 0.15, - 0.1, - 0.3 -> 1.85, 1.95, 1.72, 1.95: linear first
-    assert "20 s of CPU time" in mnist_time.here
-    assert "softmax 1.850 (200 steps), linear 1.720 (400 steps), lsh-4 1.950 (100 steps), lsh-1 1.950 (200 steps)" \
-        in mnist_time.here
-    assert mnist_time.verdict == REPRODUCED and "linear < softmax < lsh-4 ≈ lsh-1" in mnist_time.here
+    fig1, copy_linear, copy_lsh, mnist_steps, mnist_time, asr, gen, *untestable = rows
+    assert fig1.verdict.startswith(REPRODUCED) and "linear 1.10, softmax-math" in fig1.here
+    assert "linear faster from N = 512 (softmax-math)" in fig1.here
+    assert "softmax-math 2,048 (timeout at N=4096)" in fig1.here
+    # linear 0.002 +- 10 % against softmax 0.0001: within the 0.01 tolerance
+    assert copy_linear.verdict.startswith(REPRODUCED) and "N = 128, copies of 32-62 symbols" in copy_linear.here
+    assert "linear 0.0020 ± 0.00020 (3 seeds), 99.0 % of symbols right" in copy_linear.here
+    assert copy_lsh.verdict.startswith(REPRODUCED) and "lsh-4 0.60 ± 0.060 (3 seeds)" in copy_lsh.here
+    # equal steps: each seed's mean of its last 3 evaluations (steps 200..400): start - 0.3 + d,
+    # so 1.7, 1.8, 1.9, 2.0 +- 0.01: every neighbour gap 0.1 > spread 0.014
+    assert mnist_steps.verdict.startswith(REPRODUCED), mnist_steps.verdict
+    assert "softmax 1.700 ± 0.010 (3 seeds), linear 1.800 ± 0.010 (3 seeds)" in mnist_steps.here
+    # equal time: the budget is linear's 400 x 50 ms = 20 s; softmax does 200 steps in it, where
+    # its smoothed curve (the mean of the evaluations at 100 and 200) is 2.0 - 0.15 = 1.85;
+    # linear at 400: 1.8. Linear below softmax by 0.05 > spread 0.014
+    assert "20 s of CPU time" in mnist_time.here and mnist_time.verdict.startswith(REPRODUCED)
+    assert "linear 1.800 ± 0.010 (3 seeds) (400 steps), softmax 1.850 ± 0.010 (3 seeds) (200 steps)" in mnist_time.here
     # speech: CPU time per epoch, against softmax-math (the paper's baseline): 12 / 4 = 3.0x >= 3.3 / 1.5
-    assert asr.verdict == REPRODUCED and "2.50x faster than softmax " in asr.here
+    assert asr.verdict.startswith(f"{REPRODUCED}: 3.00x against softmax-math (the paper's softmax")
+    assert "2.50x against softmax (SDPA softmax, what a user runs today)" in asr.verdict
+    assert "2.50x faster than softmax " in asr.here
     assert "linear 3.00x faster than softmax-math" in asr.here and "9 layers x 6 heads x 32" in asr.here
-    # CPU s per update: s per epoch x 2 epochs / 8 updates
     assert "CPU s/update: softmax 2.50, softmax-math 3.00, linear 1.00" in asr.here
     # generation: 5 / 4 = 1.25x at batch 1, 0.5 / 0.1 = 5x at batch 64 (extrapolated: starred)
-    assert gen.verdict == REPRODUCED and "1.25x" in gen.here and "0.1* / 0.5* = 5.00x" in gen.here
+    # an observation, shown in CPU and wall time, not judged
+    assert gen.verdict == f"{MEASURED} (an observation of one run): {REPRODUCED} in CPU time; {REPRODUCED} in wall time"
+    assert "1.25x" in gen.here and "0.1* / 0.5* = 5.00x" in gen.here
+    assert "wall time: batch 1: 8 / 10 = 1.25x" in gen.here
     assert all(c.verdict.startswith(NOT_TESTABLE) for c in untestable)
 
     text = claims.section(tmp_path)
     lines = text.strip().splitlines()
     assert lines[0] == "| Claim | Paper | Here (CPU-sized runs) | Verdict |"
     assert len(lines) == 2 + len(rows) and all(line.count(" | ") == 3 for line in lines[2:])
-    assert f"| **{REPRODUCED}** |" in lines[2]
+    assert f"| **{REPRODUCED}: " in lines[2] and lines[2].startswith("| Figure 1:")
 
 
 def test_section_verdicts_turn(tmp_path):
-    _write(tmp_path, lsh_copy_loss=0.005, linear_copy_loss=0.3)
-    copy_linear, copy_lsh, *_ = claims.claims(tmp_path)
-    assert copy_linear.verdict.startswith(f"{NOT_REPRODUCED}: 0.3 nats above softmax")
-    assert copy_lsh.verdict == NOT_REPRODUCED  # 0.005 is not above linear's 0.3
+    """Linear far above softmax: undecided while its curve still falls, contradicted once flat;
+    LSH-4 below linear: the claim that it ends above both is contradicted."""
+    _write(tmp_path, lsh_copy_loss=0.005, linear_copy_loss=0.3, linear_falling=0.1)
+    _, copy_linear, copy_lsh, *_ = claims.claims(tmp_path)
+    assert copy_linear.verdict.startswith(f"{UNDECIDED}: ") and "still falling" in copy_linear.verdict
+    assert copy_lsh.verdict.startswith(CONTRADICTED)
+    shutil.rmtree(tmp_path / "copy")
+    _write(tmp_path / "flat", lsh_copy_loss=0.005, linear_copy_loss=0.3)
+    assert claims.claims(tmp_path / "flat")[1].verdict.startswith(f"{CONTRADICTED}: ")
 
 
 def test_section_without_runs(tmp_path):
     rows = claims.claims(tmp_path)
-    assert [r.verdict for r in rows[:6]] == [f"{NOT_TESTABLE}: not run"] * 6
-    assert "no run in `copy/figure2_long_cpu`" in rows[0].here
+    assert [r.verdict for r in rows[:7]] == [f"{NOT_TESTABLE}: not run"] * 7
+    assert "no run in `copy/figure2_n128_cpu`" in rows[1].here
     assert claims.section(tmp_path).count(NOT_TESTABLE) == len(rows)
 
 
-def test_mnist_wobble_makes_ties(tmp_path):
-    """One seed's held-out curve wobbles between evaluations; gaps smaller than that wobble are
-    ties. Here flat curves alternate +-0.03 around levels 0.02 apart."""
+def test_mnist_ties_inside_the_seeds_spread_are_undecided(tmp_path):
+    """Seeds 0.05 apart and levels 0.02 apart: every gap is inside the spread, so the order is
+    undecided at this scale, with how many more steps the last slopes would need."""
     _write(tmp_path)
-    img = tmp_path / "images/mnist_claims_cpu"
+    img = tmp_path / "images/mnist_claims_seeds_cpu"
     level = {"softmax": 1.6, "linear": 1.62, "lsh-4": 1.64, "lsh-1": 1.66}
-    steps = range(50, 450, 50)  # 8 evaluations: the last half is 4
-    pd.DataFrame([{"dataset": "mnist", "attention": a, "kind": "eval", "step": s, "mean": v + 0.03 * (-1) ** (s // 50),
-                   "n_seeds": 1} for a, v in level.items() for s in steps]).to_csv(img / "bpd_curves.csv", index=False)
-    # by hand: the last 4 values are 0.03 x (-1, 1, -1, 1) at x = 0..3; the fitted line is
-    # 0.03 x 0.4 (x - 1.5), the residuals 0.03 x (-0.4, 1.2, -1.2, 0.4): sqrt(3.2 / (4 - 2)) x 0.03
-    expected = 0.03 * 1.6 ** 0.5  # 0.0379
-    curve = pd.DataFrame({"step": [250, 300, 350, 400], "mean": [1.57, 1.63, 1.57, 1.63]})
-    assert claims.wobble(curve) == pytest.approx(expected)
-    assert claims.wobble(curve.iloc[:3]) == 0.0  # too few evaluations to tell noise from trend
-    mnist_steps = claims.claims(tmp_path)[2]
-    assert mnist_steps.verdict == f"{NOT_REPRODUCED}: inconclusive, gaps within 0.038 bits/dim (ties)"
+    rows = [{"kind": "eval", "attention": a, "seed": seed, "step": s, "bits_per_dim": v + d - s * 1e-5 * i}
+            for i, (a, v) in enumerate(level.items()) for seed, d in enumerate((-0.05, 0.0, 0.05))
+            for s in (100, 200, 300, 400)]
+    rows += [{"kind": "final", "attention": a, "seed": seed, "cpu_time_per_step_ms": 100.0, "steps": 400}
+             for a in level for seed in range(3)]
+    (img / "image_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mnist_steps = claims.claims(tmp_path)[3]
+    assert mnist_steps.verdict.startswith(f"{UNDECIDED}: ") and "within spread" in mnist_steps.verdict
 
 
 # ----------------------------------------------------------------------------- the presets

@@ -486,5 +486,5 @@ def test_a_stale_table_fails(tmp_path):
     assert not stale_blocks(page) and "Table 5, MNIST" in page.read_text()
     assert table_problems(page, tmp_path) == []
     page.write_text("<!-- report:tabel_5 -->\n<!-- /report:tabel_5 -->\n")  # a misspelt section: one line
-    with pytest.raises(SystemExit, match="unknown report section tabel_5; valid: title, figure1"):
+    with pytest.raises(SystemExit, match="unknown report section tabel_5; valid: title, claims, figure1"):
         report.render_blocks(page, REPO / "results")

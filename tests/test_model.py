@@ -232,3 +232,23 @@ def test_throughput_failed_compile_is_an_error_row(compose_cfg, tmp_path):
     assert "no C++ compiler here" in rows["linear-compiled"]["reason"]
     assert "linear-compiled (mnist, batch 1): not measured: compile=repro_test_failing: RuntimeError: no C++" in (
         tmp_path / "throughput.txt").read_text()
+
+
+def test_the_paper_presets_drop_nothing_from_the_input_as_the_authors(compose_cfg):
+    """The authors' copy and image scripts put no dropout on the input (embedding + position);
+    the paper presets follow them, the layers keep their 0.1, and embedding_dropout=null gives
+    the input the layers' rate (the option). In training mode a dropped input changes outputs."""
+    from omegaconf import OmegaConf
+
+    for preset in ("paper_copy", "paper_mnist"):
+        m = compose_cfg(f"experiment={preset}").model
+        assert (m.dropout, m.embedding_dropout) == (0.1, 0.0), preset
+    kw = {k: v for k, v in OmegaConf.to_container(compose_cfg("experiment=paper_copy").model).items()}
+    kw.update(n_layers=1, d_model=16, n_heads=2, d_ff=16)
+    att = instantiate(compose_group("attention", "linear"))
+    paper = AutoregressiveTransformer(att, n_tokens=5, **kw)
+    assert paper.dropout.p == 0.0 and paper.encoder.layers[0].dropout.p == 0.1
+    assert AutoregressiveTransformer(att, n_tokens=5, **{**kw, "embedding_dropout": None}).dropout.p == 0.1
+    paper.train()
+    x = paper._input(paper.embed(torch.tensor([[1, 2, 3]])), sinusoid(torch.arange(3), paper.d_position))
+    assert torch.equal(paper.dropout(x), x)  # nothing dropped from the input

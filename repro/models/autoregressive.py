@@ -29,7 +29,7 @@ class AutoregressiveTransformer(nn.Module):
     def __init__(self, attention, n_tokens: int, d_out: int | None = None, n_layers: int = 4,
                  d_model: int = 256, n_heads: int = 8, d_ff: int = 1024, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False, final_norm: bool = True,
-                 embedding: str = "sum"):
+                 embedding: str = "sum", embedding_dropout: float | None = None):
         super().__init__()
         if embedding not in EMBEDDINGS:
             raise ValueError(f"model: unknown embedding {embedding!r}; valid: {', '.join(EMBEDDINGS)}")
@@ -39,7 +39,10 @@ class AutoregressiveTransformer(nn.Module):
         self.d_model, self.embedding = d_model, embedding
         self.d_position = d_model // 2 if embedding == "concat" else d_model  # width of the position encoding
         self.embed = nn.Embedding(n_tokens, d_model - self.d_position if embedding == "concat" else d_model)
-        self.dropout = nn.Dropout(dropout)
+        # dropout on the input (embedding + position) before the first layer; None: `dropout`. The
+        # authors' scripts have none there (their position encoding's dropout defaults to 0), and
+        # the paper presets follow them (conf/model/default.yaml: embedding_dropout 0.0)
+        self.dropout = nn.Dropout(dropout if embedding_dropout is None else embedding_dropout)
         self.encoder = Transformer(attention, n_layers, d_model, n_heads, d_ff, dropout, activation,
                                    norm_first, final_norm)
         self.head = nn.Linear(d_model, d_out or n_tokens)

@@ -14,12 +14,12 @@ What it reads (the convention for results folders; any depth under results/):
                                                   seconds_per_epoch or s_per_epoch; a folder whose
                                                   `label` (in the CSV or its .jsonl rows) says
                                                   "timing run" gives seconds per epoch only
-  bench.csv (repro.reproduction.bench)                 the kernel targets of issue 17, one table per run
+  bench.csv (repro.reproduction.bench)                 the CUDA kernel's targets, one table per run
   kernels.csv (task=kernels)                      the chunked path against the loop and naive formula
   bpd_vs_time.csv (+ .png)                        MNIST bits/dim against training time (reproduce_gpu)
   <step>/status.json, env/env.json, env/kernel_tests.xml   each reproduce_gpu run's steps, environment
                                                   and kernel tests
-  cpu_speed_<T>t_<time>.csv (+ .json)             the CPU speed of the core (issue 18), the newest run
+  cpu_speed_<T>t_<time>.csv (+ .json)             the CPU speed of the core, the newest run
                                                   per thread count T (repro.reproduction.cpu_speed)
   rows carry `device` (the hardware) as every result row does (for Tables 1/2 bits/dim and Table 3,
   the run rows in a .jsonl beside the CSV may carry it instead). Tables 1, 2, 4 and 5 give ours in

@@ -59,8 +59,8 @@ def claims(ctx) -> str:
 
 
 def sections(results: Path, out: Path) -> dict[str, str]:
-    """The report's sections by name, in order (title, figure1, figure2, tables_1_2, table_4,
-    table_5, table_3, claims, kernels, cpu_speed, gpu_runs, others), links made relative to `out`;
+    """The report's sections by name, in order (title, claims: the answer first, figure1, figure2,
+    tables_1_2, table_4, table_5, table_3, kernels, cpu_speed, gpu_runs, others), links made relative to `out`;
     "" where a section has nothing."""
     results, out = Path(results).resolve(), Path(out).resolve()
 
@@ -70,7 +70,7 @@ def sections(results: Path, out: Path) -> dict[str, str]:
     modules = section_modules()
     # every CSV read once, for every section, each checked against what the sections declare they read
     ctx = Context(results, rel, read_checked(results, [t for m in modules for t in getattr(m, "TABLES", [])]))
-    parts = sorted([entry for m in modules for entry in m.SECTIONS] + [(70, "claims", claims)], key=lambda e: e[0])
+    parts = sorted([entry for m in modules for entry in m.SECTIONS] + [(5, "claims", claims)], key=lambda e: e[0])
     rendered = {name: render(ctx) for _, name, render in parts}
     gpu = {hw_class(str(v)) for _, df in ctx.csvs if "device" in df for v in df.device.dropna()}
     gpu = sorted((gpu | {cls for (_, _, cls) in images.bpd(ctx)}) - {"CPU"})

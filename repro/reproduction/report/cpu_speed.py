@@ -29,7 +29,7 @@ def newest_cpu_speed(csvs) -> list[tuple[Path, pd.DataFrame]]:
 
 
 def _cpu_speed_rows(df) -> list[list]:
-    """One row per measure of issue 18's table: ours, what it is set against, the ratio, the target."""
+    """One row per measure of the CPU-speed targets: ours, what it is set against, the ratio, the target."""
     ok = df[df.status == "ok"] if "status" in df else df
     rows = []
 
@@ -85,13 +85,13 @@ def _cpu_speed_rows(df) -> list[list]:
 
 
 def cpu_speed(ctx) -> str:
-    """The CPU speed of the core (issue 18): the newest cpu_speed run per thread count."""
+    """The CPU speed of the core: the newest cpu_speed run per thread count."""
     runs, rel = newest_cpu_speed(ctx.csvs), ctx.rel
     ctx.used |= {path.parent for path, _ in runs}
     if not runs:
         return ""
     out = ["## CPU speed of the core",
-           "From `python -m repro.reproduction.cpu_speed` (issue 18's table; each pair timed interleaved, "
+           "From `python -m repro.reproduction.cpu_speed` (its targets: docs/kernels.md; each pair timed interleaved, "
            "medians of its "
            "rounds; the load average is the machine's 1-minute load while the run measured). The newest run per thread "
            "count under results/:"]

@@ -11,7 +11,7 @@ TABLES = [Table("bench.csv", {"method": str, "pass": str, "dtype": str, "n": flo
                 {"forward_backward_ms": float})]
 
 
-# Issue 17's kernel targets, at one shape: H100, B = H = 8, D = M = 64, N = 16k. (label, method,
+# The CUDA kernel's targets (docs/kernels.md), at one shape: H100, B = H = 8, D = M = 64, N = 16k. (label, method,
 # dtype, pass, peer, bound): with no peer, ms <= bound; with a peer, peer ms / our ms >= bound
 # (faster than a peer: > 1, written as bound None).
 TARGET_SHAPE = {"batch": 8, "heads": 8, "d": 64, "n": 16384}
@@ -85,7 +85,7 @@ def kernels(ctx) -> str:
     shape = ", ".join(f"{'B' if k == 'batch' else 'H' if k == 'heads' else 'D = M' if k == 'd' else 'N'} = {v:,}"
                       for k, v in TARGET_SHAPE.items())
     out = ["## Kernel benchmark: the causal dot product against its peers",
-           f"Issue 17's targets for this suite's CUDA kernel (method `cupy`), on an {TARGET_GPU} at {shape}; "
+           f"The targets for this suite's CUDA kernel (method `cupy`; docs/kernels.md), on an {TARGET_GPU} at {shape}; "
            "from `python -m repro.reproduction.bench` (reproduce_gpu step 2), each target on the latest row of "
            "its point. "
            "% of floor: the least bytes the pass must move over the copy bandwidth measured in the same run."]
