@@ -184,3 +184,24 @@ def test_a_killed_benchmark_leaves_no_point_running(tmp_path):
             parent.kill()
         if point is not None and point.is_running():
             point.kill()
+
+
+def test_gpu_memory_cap_sets_the_fraction_of_the_gpu(monkeypatch):
+    """task.gpu_memory_gb: the paper's 11 GB card on an 80 GiB GPU is a fraction of 11/80 of it
+    (the CUDA calls mocked); a CPU run, a bad value or more than the GPU has is one line."""
+    import torch
+
+    from repro.cli.config import ConfigError
+
+    set_to = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": 80 * 2**30}))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: set_to.append((f, d)))
+    gpu = torch.device("cuda", 0)
+    assert benchmark.cap_gpu_memory(gpu, 11) == pytest.approx(11 / 80) and set_to == [(pytest.approx(11 / 80), gpu)]
+    assert benchmark.cap_gpu_memory(gpu, None) is None and len(set_to) == 1
+    for bad, why in ((0, "positive number"), (-1, "positive number"), (float("inf"), "positive number"),
+                     (96, "the GPU has 80.0 GiB")):
+        with pytest.raises(ConfigError, match=why):
+            benchmark.cap_gpu_memory(gpu, bad)
+    with pytest.raises(ConfigError, match="this run is on cpu"):
+        benchmark.cap_gpu_memory(torch.device("cpu"), 11)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import psutil
+import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -114,6 +115,7 @@ def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
 SETTING_KEYS = {"d_model": "model.d_model", "n_heads": "model.n_heads", "causal": "task.causal", "dtype": "task.dtype",
                 "tokens": "task.tokens", "warmup": "task.warmup", "max_repeats": "task.repeats",
                 "time_budget_s": "task.time_budget_s", "memory_limit_gb": "task.memory_limit_gb",
+                "gpu_memory_gb": "task.gpu_memory_gb",
                 "isolated": "task.isolate", "seed": "seed", "device": "device (the machine and its threads)"}
 
 
@@ -145,11 +147,31 @@ def _validate(t):
         raise ConfigError(f"task.isolate={t.isolate!r}; valid: auto, true, false")
 
 
+def cap_gpu_memory(device, gb) -> float | None:
+    """task.gpu_memory_gb: let this process use at most `gb` GiB of the GPU's memory (the rest is
+    an out-of-memory error to torch), so that a large GPU runs out where a smaller one did (the
+    paper's 11 GB GTX 1080 Ti: softmax stopped at 4,096, LSH at 16,384). Returns the fraction set."""
+    if gb is None:
+        return None
+    if not isinstance(gb, (int, float)) or isinstance(gb, bool) or not 0 < gb < float("inf"):
+        raise ConfigError(f"task.gpu_memory_gb={gb!r}: give a positive number of GiB, or null for the whole GPU")
+    if device.type != "cuda":
+        raise ConfigError(f"task.gpu_memory_gb={gb} caps a GPU's memory, and this run is on {device.type}; "
+                          "on a CPU the cap is task.memory_limit_gb")
+    total = torch.cuda.get_device_properties(device).total_memory
+    if gb * 2**30 > total:
+        raise ConfigError(f"task.gpu_memory_gb={gb}: the GPU has {total / 2**30:.1f} GiB")
+    fraction = gb * 2**30 / total
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
+
+
 def run(cfg) -> float:
     t = cfg.task
     _validate(t)
     lengths, dtype, device = _lengths(t.lengths), t.dtype, parse_device(cfg.device)
     parse_dtype(dtype)
+    cap_gpu_memory(device, t.get("gpu_memory_gb"))
     attentions = _attentions(cfg)
     with building_from_config():  # a bad attention setting fails here, once, not in every point
         for _, att in attentions:
@@ -164,6 +186,8 @@ def run(cfg) -> float:
     settings = {"d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "causal": bool(t.causal), "dtype": dtype,
                 "tokens": t.tokens, "warmup": t.warmup, "max_repeats": t.repeats, "time_budget_s": t.time_budget_s,
                 "memory_limit_gb": t.memory_limit_gb, "isolated": isolate, "seed": cfg.seed, "device": meta["device"]}
+    if t.get("gpu_memory_gb") is not None:  # recorded only when set (earlier rows resume as they were)
+        settings["gpu_memory_gb"] = t.gpu_memory_gb
     per_attention = {name: _attention_settings(att) for name, att in attentions}
     # Resume: rows already in this run dir (an interrupted run, rerun with hydra.run.dir=<its dir>)
     # are kept and their points not measured again, if measured with these same settings.

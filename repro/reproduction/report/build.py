@@ -52,10 +52,12 @@ def claims(ctx) -> str:
     """The paper's claims, one verdict each, from the CPU-sized claim runs (repro.reproduction.claims)."""
     from repro.reproduction import claims as claims_module
 
-    return ("## Does it reproduce the paper's claims?\n\nEach claim a CPU can speak to, put to one CPU-sized "
-            "run (the `*_claims_cpu` presets in `conf/experiment/`; each folder's README holds its command, git SHA "
-            "and machine load). Verdict rules: `repro/reproduction/claims.py`.\n\n"
-            + claims_module.section(ctx.root).rstrip())
+    return ("## Does it reproduce the paper's claims?\n\nEach claim a CPU can speak to, put to one declared "
+            "CPU-sized run (the `*_claims_cpu` presets in `conf/experiment/`; each folder's README holds its "
+            "command, git SHA and machine load). The learning claims are judged over 3 seeds (mean ± sd; a gap "
+            "inside the spread is a tie): reproduced, contradicted, or undecided at this scale; a single run is "
+            "shown as a measurement. Rules: `repro/reproduction/verdicts.py`, their use: "
+            "`repro/reproduction/claims.py`.\n\n" + claims_module.section(ctx.root).rstrip())
 
 
 def sections(results: Path, out: Path) -> dict[str, str]:
