@@ -466,3 +466,22 @@ def test_every_section_module_declares_what_it_reads():
     assert len(names) == len(set(names))
     for m in modules:
         assert all(isinstance(t, Table) for t in getattr(m, "TABLES", [])), m.__name__
+
+
+def test_a_column_takes_one_run_never_a_mix_of_folders(tmp_path):
+    """Two CPU runs of Table 1: one with softmax and linear (400 steps), one with all four
+    attentions (600 steps). The CPU column takes the second alone (the most attentions), says so
+    and names the folder it left out; it used to take each attention from whichever folder was
+    read last (here z_short), so LSH-4 (600 steps) stood beside softmax (400 steps)."""
+    for folder, values in (("z_short", {"softmax": 1.9, "linear": 1.8}),
+                           ("b_long", {"softmax": 1.7, "linear": 1.65, "lsh-4": 1.6, "lsh-1": 1.66})):
+        (tmp_path / folder).mkdir()
+        pd.DataFrame([{"dataset": "mnist", "attention": a, "eval_bits_per_dim": v, "device": CPU}
+                      for a, v in values.items()]).to_csv(tmp_path / folder / "bpd_final.csv", index=False)
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    for att, v in (("softmax", "1.7"), ("linear", "1.65"), ("lsh-4", "1.6")):
+        assert cells(md, att, "### Table 1: MNIST")["our bits/dim, CPU"] == v
+    assert "Our bits/dim, CPU: one run, `b_long`" in md and "left out of this column, not mixed in: `z_short`" in md
+    (tmp_path / "b_long" / "bpd_final.csv").unlink()  # one run alone: taken, no note
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "1.9" and "left out" not in md

@@ -36,7 +36,9 @@ def _devices_by_attention(folder) -> dict:
 
 def bits_per_dim(csvs):
     """{(dataset, attention, hardware class): (value, folder, device)} from every CSV with a
-    bits/dim column (the last folder wins among those on the same class of hardware)."""
+    bits/dim column, one run per column: for each dataset and class of hardware, the one folder
+    holding the most attentions (of equals, the last by path), never a mix of folders; and
+    {(dataset, class): [folders left out]}."""
     found = {}
     for path, df in csvs:
         col = next((c for c in ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim") if c in df), None)
@@ -47,8 +49,15 @@ def bits_per_dim(csvs):
             ds = dataset_of(r.get("dataset", r.get("task", "")))
             if ds:
                 device = str(r["device"]) if "device" in df else beside.get(str(r.attention), "")
-                found[(ds, str(r.attention), hw_class(device))] = (float(r[col]), path.parent, device)
-    return found
+                found.setdefault((ds, hw_class(device)), {}).setdefault(path.parent, {})[str(r.attention)] = (
+                    float(r[col]), path.parent, device)
+    chosen, left_out = {}, {}
+    for (ds, cls), folders in found.items():
+        pick = max(folders, key=lambda f: (len(folders[f]), str(f)))
+        chosen.update({(ds, att, cls): v for att, v in folders[pick].items()})
+        if len(folders) > 1:
+            left_out[(ds, cls)] = sorted(f for f in folders if f != pick)
+    return chosen, left_out
 
 
 def _throughput(csvs):
@@ -131,7 +140,7 @@ def _cpu_hardware(found) -> str | None:
 def bpd(ctx) -> dict:
     """bits_per_dim of the CSVs under results/, once per report."""
     if "bpd" not in ctx.memo:
-        ctx.memo["bpd"] = bits_per_dim(ctx.csvs)
+        ctx.memo["bpd"], ctx.memo["bpd_left_out"] = bits_per_dim(ctx.csvs)
         ctx.used |= {v[1] for v in ctx.memo["bpd"].values()}
     return ctx.memo["bpd"]
 
@@ -163,6 +172,13 @@ def tables_1_2(ctx) -> str:
                   *[f"our images/s, {g}" for g in gpus], *([] if gpus else [GPU_NONE]), "our CPU hardware",
                   "command"]
         out.append(f"### {paper.TABLES_1_2[ds]}: {name}\n\n" + md_table(header, rows))
+        for cls in ["CPU", *gpus]:  # one run per column: say which, and which were left out
+            left = ctx.memo["bpd_left_out"].get((ds, cls))
+            source = next((v[1] for (d, _, c), v in bpd.items() if (d, c) == (ds, cls)), None)
+            if left and source is not None:
+                out.append(f"Our bits/dim, {cls}: one run, `{source.relative_to(root)}` (the folder with the most "
+                           "attentions); left out of this column, not mixed in: "
+                           + ", ".join(f"`{f.relative_to(root)}`" for f in left) + ".")
     out += bpd_vs_time(ctx)
     return "\n\n".join(out)
 
