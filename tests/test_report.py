@@ -485,3 +485,12 @@ def test_a_column_takes_one_run_never_a_mix_of_folders(tmp_path):
     (tmp_path / "b_long" / "bpd_final.csv").unlink()  # one run alone: taken, no note
     md = build(tmp_path, tmp_path / "REPORT.md")
     assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "1.9" and "left out" not in md
+
+
+def test_archived_runs_are_kept_but_never_reported(tmp_path):
+    """results/archive/ holds runs superseded by newer ones: no table, no "Other results" line."""
+    fake_results(tmp_path)
+    old = tmp_path / "archive" / "fig1_old"
+    shutil.copytree(tmp_path / "fig1", old)
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    assert "fig1_old" not in md and "### fig1 (causal)" in md

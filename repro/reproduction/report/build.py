@@ -12,7 +12,7 @@ from repro.common.results import REPO, atomic_write
 from repro.reproduction import report as package
 from repro.reproduction.report import images
 from repro.reproduction.report.format import code, command, hw_class
-from repro.reproduction.report.schema import read_checked
+from repro.reproduction.report.schema import current_files, read_checked
 
 
 @dataclass
@@ -36,7 +36,7 @@ def section_modules() -> list:
 
 
 def others(root, rel, used) -> str:
-    rest = sorted({p.parent for p in root.rglob("*") if p.is_file() and p.name != "REPORT.md"} - used)
+    rest = sorted({p.parent for p in current_files(root, "*") if p.is_file() and p.name != "REPORT.md"} - used)
     rest = [d for d in rest if d != root and not any(u in d.parents or d in u.parents for u in used)]
     if not rest:
         return ""

@@ -3,6 +3,7 @@ its kernel tests (env/kernel_tests.xml)."""
 import json
 
 from repro.reproduction.report.format import md_table, num
+from repro.reproduction.report.schema import current_files
 
 
 def _kernel_tests(xml_path) -> str:
@@ -35,7 +36,7 @@ def gpu_runs(ctx) -> str:
     root = ctx.root
     from repro.reproduction.reproduce_gpu import STEPS
     out = ["## GPU runs: environment and steps (`python -m repro.reproduce_gpu`)"]
-    step_dirs = sorted(p.parent for p in root.rglob("status.json") if p.parent.name in STEPS.values())
+    step_dirs = sorted(p.parent for p in current_files(root, "status.json") if p.parent.name in STEPS.values())
     if not step_dirs:
         return "\n\n".join(out + ["Not run yet (no results/gpu/ folder): every GPU column above says "
                                   "\"not measured yet\"."])

@@ -45,11 +45,19 @@ class Table:
                     raise SchemaError(f"{where}, line {line}: column {col!r} holds {bad.iloc[0]!r}, not a number")
 
 
+ARCHIVE = "archive"  # results/archive/: runs superseded by newer ones, kept but never reported
+
+
+def current_files(root: Path, pattern: str) -> list[Path]:
+    """The files under root matching pattern, in path order, leaving out results/archive/."""
+    return sorted(p for p in Path(root).rglob(pattern) if ARCHIVE not in p.relative_to(root).parts[:1])
+
+
 def read_checked(root: Path, tables) -> list[tuple[Path, pd.DataFrame]]:
-    """(path, table) of every CSV under root, in path order, each checked against every declared
-    Table it matches. A file that does not parse is a SchemaError naming it."""
+    """(path, table) of every CSV under root (archive/ aside), in path order, each checked against
+    every declared Table it matches. A file that does not parse is a SchemaError naming it."""
     out = []
-    for path in sorted(Path(root).rglob("*.csv")):
+    for path in current_files(root, "*.csv"):
         try:
             df = pd.read_csv(path)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
