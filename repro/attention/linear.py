@@ -7,37 +7,12 @@ with the sums over j <= i when causal. Its recurrent twin carries (S, Z) from to
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from repro.attention.base import AttentionLayer
 from repro.attention.feature_maps import EluFeatureMap
-from repro.kernels import causal_dot_product, cupy_for
-
-
-def _acc(dtype):
-    # Sums over the sequence run in fp32 (fp64 for fp64): sum phi(K) overflows fp16 otherwise.
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-class _Normalise(torch.autograd.Function):
-    """[num | den] (B, H, N, M + 1) -> num / (den + eps) (B, H, N, M). Its backward builds the
-    gradient of [num | den] as one tensor (autograd's slice and division would zero-fill two
-    full-size gradients, add them and take five elementwise passes):
-        d num = g / (den + eps),  d den = -sum_m g_m num_m / (den + eps)^2 = -sum_m (d num)_m y_m."""
-
-    @staticmethod
-    def forward(ctx, out, eps):
-        inv = 1.0 / (out[..., -1:] + eps)  # (B, H, N, 1)
-        y = out[..., :-1] * inv
-        ctx.save_for_backward(y, inv)
-        return y
-
-    @staticmethod
-    @once_differentiable  # as the causal product beneath it
-    def backward(ctx, g):
-        y, inv = ctx.saved_tensors
-        d_num = g * inv  # (B, H, N, M)
-        return torch.cat([d_num, (d_num * y).sum(-1, keepdim=True).neg_()], -1), None  # (B, H, N, M + 1)
+from repro.kernels import cupy_for
+from repro.kernels.normalised import accumulation_dtype as _acc
+from repro.kernels.normalised import causal_linear_attention
 
 
 @dataclass
@@ -68,27 +43,17 @@ class LinearAttention(AttentionLayer):
         # breaks compiled (AOTAutograd) backward graphs.
         if not self.feature_map.contiguous_output or torch.compiler.is_compiling():
             q, k = q.contiguous(), k.contiguous()
-        q, k = self.feature_map(q), self.feature_map(k)  # (B, H, N, F), contiguous
+        phi_q, phi_k = self.feature_map(q), self.feature_map(k)  # (B, H, N, F), contiguous
         if key_padding_mask is not None:
-            k = k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
-        acc = _acc(q.dtype)
-        if causal and (cb := cupy_for("linear_attention_unsupported_reason", q, k, v)):
-            return cb.causal_linear_attention(q, k, v, self.eps)  # numerator and normaliser in one pass
-        if causal and acc == q.dtype:
-            # The normaliser folded into the product, as the recurrent step does: one causal pass
-            # over [v, 1] gives [num | den] (phi(q_i) . sum_{j<=i} phi(k_j) is the ones column),
-            # instead of a second pass of cumsum, product and sum over (B, H, N, F).
-            v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)  # (B, H, N, M + 1)
-            return _Normalise.apply(causal_dot_product(q, k, v1), self.eps)  # (B, H, N, M)
-        if causal:
-            # Half precision: the kernel rounds its output to the input dtype, and den must stay
-            # in fp32 (sum phi(K) overflows fp16), so it is its own fp32 pass here.
-            num = causal_dot_product(q, k, v).to(acc)  # (B, H, N, M)
-            den = torch.einsum("bhnf,bhnf->bhn", q.to(acc), k.to(acc).cumsum(2))
-        else:
-            q, k, v = q.to(acc), k.to(acc), v.to(acc)
-            num = q @ (k.transpose(-1, -2) @ v)  # (B, H, N, F) @ (B, H, F, M)
-            den = (q @ k.sum(2)[..., None])[..., 0]  # (B, H, N)
+            phi_k = phi_k.masked_fill(key_padding_mask[:, None, :, None], 0.0)  # padded keys add nothing
+        if causal:  # sums over j <= i: the kernel dispatcher picks the path
+            return causal_linear_attention(phi_q, phi_k, v, self.eps)  # (B, H, N, M)
+        acc = _acc(phi_q.dtype)
+        phi_q, phi_k, v = phi_q.to(acc), phi_k.to(acc), v.to(acc)
+        S = phi_k.transpose(-1, -2) @ v  # (B, H, F, M): sum_j phi(K_j) V_j^T
+        Z = phi_k.sum(2)  # (B, H, F): sum_j phi(K_j)
+        num = phi_q @ S  # (B, H, N, M)
+        den = (phi_q @ Z[..., None])[..., 0]  # (B, H, N)
         return (num / (den[..., None] + self.eps)).to(v.dtype)
 
     def attend_step(self, q, k, v, state: LinearState | None):

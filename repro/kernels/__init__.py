@@ -8,7 +8,9 @@ Backends, in order of preference:
   cupy   raw CUDA kernels (CUDA tensors; module repro.kernels.cupy_backend, when built)
   torch  the chunked PyTorch path (any device, any dtype)
 The environment variable REPRO_KERNEL=torch|cupy forces one (read in repro.kernels.backend
-alone). The naive references in repro.kernels.reference are for tests only.
+alone). The naive references in repro.kernels.reference are for tests only. Beside it,
+repro.kernels.normalised.causal_linear_attention: the normalised causal attention on feature maps
+(the fused CUDA kernel, or the normaliser folded into this product).
 """
 from repro.kernels.backend import BACKENDS, forced_backend
 from repro.kernels.chunked import causal_dot_product_chunked, default_chunk_size
