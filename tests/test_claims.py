@@ -222,3 +222,15 @@ def test_claims_presets(compose_cfg):
                       "mode: recurrent}, stateful-softmax: {attention: softmax, mode: recurrent}}")
     assert set(gen.task.methods) == {"linear", "stateful-softmax"} and list(gen.task.batches) == [1, 10, 64]
     assert list(gen.task.sizes) == ["mnist"] and gen.task.threads == 1
+
+
+def test_a_diverged_seed_is_never_judged(tmp_path):
+    """A NaN final loss (a diverged seed): the copy claims say so instead of a verdict or a crash."""
+    _write(tmp_path)
+    path = tmp_path / "copy/figure2_n128_cpu/copy_rows.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    next(r for r in rows if r["kind"] == "final" and r["attention"] == "linear")["eval_loss"] = float("nan")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, copy_linear, copy_lsh, *_ = claims.claims(tmp_path)
+    assert copy_linear.verdict.startswith(NOT_TESTABLE) and "non-finite" in copy_linear.verdict
+    assert copy_lsh.verdict.startswith(NOT_TESTABLE)
