@@ -58,11 +58,11 @@ def save_figure(fig, path):
 def output_dirs(rows, out_dir, raw_name: str) -> list[Path]:
     """Where a task's aggregate goes: out_dir, and the `publish` folder (under the repository)
     that the rows name, if any, with the raw rows written there as raw_name beside it."""
-    publish = next((r.get("publish") for r in rows if r.get("publish")), None)
-    if not publish:
+    publish = publish_folder(rows)
+    if publish is None:
         return [Path(out_dir)]
-    write_jsonl(REPO / publish / raw_name, rows)
-    return [Path(out_dir), REPO / publish]
+    write_jsonl(publish / raw_name, rows)
+    return [Path(out_dir), publish]
 
 
 def publish_folder(rows) -> Path | None:

@@ -35,15 +35,17 @@ def _check_inputs(q, k, v):
                          f"got {q.device}, {k.device}, {v.device}")
 
 
-def _cupy_unavailable(q, k, v):
-    """None when the CuPy backend can take these inputs, else the reason it cannot."""
-    if not q.is_cuda:
-        return f"the CuPy backend runs CUDA tensors only (inputs are on {q.device})"
+def _cupy_unavailable(check, *tensors):
+    """None when the CuPy backend's op takes these tensors, else the reason it cannot (`check`:
+    the name of the backend's `..._unsupported_reason` function for that op). CPU tensors never
+    import the backend."""
+    if not tensors[0].is_cuda:
+        return f"the CuPy backend runs CUDA tensors only (inputs are on {tensors[0].device})"
     try:
         from repro.kernels import cupy_backend
     except ImportError as err:
         return f"the CuPy backend is not available: {err}"
-    return cupy_backend.unsupported_reason(q, k, v)
+    return getattr(cupy_backend, check)(*tensors)
 
 
 def select_backend(q, k, v):
@@ -51,7 +53,7 @@ def select_backend(q, k, v):
     forced = forced_backend()
     if forced == "torch":
         return "torch", "forced by REPRO_KERNEL=torch"
-    reason = _cupy_unavailable(q, k, v)
+    reason = _cupy_unavailable("unsupported_reason", q, k, v)
     if forced == "cupy":
         if reason:
             raise RuntimeError(f"REPRO_KERNEL=cupy, but {reason}")
@@ -64,15 +66,11 @@ def select_backend(q, k, v):
 def cupy_for(reason, *tensors):
     """The CuPy backend module when its op takes these tensors (`reason`: the name of the
     backend's `..._unsupported_reason` check for that op: the fused attention, the recurrent
-    step), else None: the attention layers ask here, as causal_dot_product does, and CPU tensors
-    never import the backend."""
-    if not tensors[0].is_cuda or forced_backend() == "torch":
+    step), else None: the attention layers ask here, as causal_dot_product does."""
+    if forced_backend() == "torch" or _cupy_unavailable(reason, *tensors) is not None:
         return None
-    try:
-        from repro.kernels import cupy_backend
-    except ImportError:
-        return None
-    return cupy_backend if getattr(cupy_backend, reason)(*tensors) is None else None
+    from repro.kernels import cupy_backend
+    return cupy_backend
 
 
 def causal_dot_product(q, k, v):

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from repro.common.results import REPO, atomic_write, provenance, read_jsonl
-from repro.reproduction.gpu_pack import PACK_NAME, PACKED, pack, unpack  # noqa: F401 (tests use them from here)
+from repro.reproduction.gpu_pack import PACK_NAME, PACKED, pack, unpack
 from repro.reproduction.gpu_steps import (
     COPY_ATTENTIONS,
     MIN_JOB_S,

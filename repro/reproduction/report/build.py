@@ -75,7 +75,7 @@ def sections(results: Path, out: Path) -> dict[str, str]:
     parts = sorted([entry for m in modules for entry in m.SECTIONS] + [(5, "claims", claims)], key=lambda e: e[0])
     rendered = {name: render(ctx) for _, name, render in parts}
     gpu = {hw_class(str(v)) for _, df in ctx.csvs if "device" in df for v in df.device.dropna()}
-    gpu = sorted((gpu | {cls for (_, _, cls) in images.bpd(ctx)}) - {"CPU"})
+    gpu = sorted((gpu | {cls for (_, _, cls) in images.chosen_bpd(ctx)}) - {"CPU"})
     shown = results.relative_to(REPO) if REPO in results.parents else results
     title = "\n\n".join([
         "# Report: the paper's tables and figures beside ours",

@@ -137,7 +137,7 @@ def _cpu_hardware(found) -> str | None:
     return "; ".join(dict.fromkeys(d for d in found if d)) or None
 
 
-def bpd(ctx) -> dict:
+def chosen_bpd(ctx) -> dict:
     """bits_per_dim of the CSVs under results/, once per report."""
     if "bpd" not in ctx.memo:
         ctx.memo["bpd"], ctx.memo["bpd_left_out"] = bits_per_dim(ctx.csvs)
@@ -148,7 +148,7 @@ def bpd(ctx) -> dict:
 def tables_1_2(ctx) -> str:
     root, csvs = ctx.root, ctx.csvs
     ctx.used |= {folder for folder, _ in named(csvs, "throughput.csv")}
-    bpd = globals()["bpd"](ctx)
+    bpd = chosen_bpd(ctx)
     out = ["## Tables 1 and 2: image generation, bits/dim and images/s",
            "Paper: bits/dim on the test set and images/s of unconditional generation; Table 1 MNIST "
            f"({paper.IMAGES_SETUP['mnist']}), Table 2 CIFAR-10 ({paper.IMAGES_SETUP['cifar10']}). "

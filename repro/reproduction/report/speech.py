@@ -41,7 +41,7 @@ def asr_tables_of(csvs):
 
 def table_3(ctx) -> str:
     root = ctx.root
-    asr_tables = ctx.memo.setdefault("asr_tables", asr_tables_of(ctx.csvs))
+    asr_tables = asr_tables_of(ctx.csvs)
     ctx.used |= {path.parent for path, *_ in asr_tables}
     out = ["## Table 3: speech recognition (WSJ), phoneme error rate and seconds per epoch",
            f"Paper: WSJ 80 h, CTC over phonemes, {paper.ASR_HARDWARE}. Ours: the ASR task on the corpus its "
