@@ -14,13 +14,14 @@ set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SITE=$REPO/build/gpu_site
 PY=${PY:-python3}
+BUNDLE=${GPU_BUNDLE_DIR:-gpu_bundle}  # as scripts/gpu_bundle.sh writes it
 cd "$REPO"
-if [ -f gpu_bundle/requirements.txt ] && ! cmp -s gpu_bundle/requirements.txt "$SITE/.installed" 2>/dev/null; then
+if [ -f "$BUNDLE/requirements.txt" ] && ! cmp -s "$BUNDLE/requirements.txt" "$SITE/.installed" 2>/dev/null; then
   rm -rf "$SITE"
-  "$PY" -m pip install -q --no-index --no-deps --find-links gpu_bundle --target "$SITE" -r gpu_bundle/requirements.txt \
-    && cp gpu_bundle/requirements.txt "$SITE/.installed" || { echo "with_gpu_bundle: installing the bundle failed" >&2; exit 2; }
+  "$PY" -m pip install -q --no-index --no-deps --find-links "$BUNDLE" --target "$SITE" -r "$BUNDLE/requirements.txt" \
+    && cp "$BUNDLE/requirements.txt" "$SITE/.installed" || { echo "with_gpu_bundle: installing the bundle failed" >&2; exit 2; }
 fi
-[ -d "$SITE" ] || echo "with_gpu_bundle: no gpu_bundle/ here (make gpu-bundle on a machine with PyPI, and carry it); running without it" >&2
+[ -d "$SITE" ] || echo "with_gpu_bundle: no $BUNDLE/ here (make gpu-bundle on a machine with PyPI, and carry it); running without it" >&2
 if [ ! -e .git ] && [ -z "${REPRO_GIT_SHA:-}" ]; then
   echo "with_gpu_bundle: no .git and no REPRO_GIT_SHA: rows will record their commit as 'unknown'" >&2
 fi

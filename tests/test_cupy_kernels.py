@@ -14,6 +14,7 @@ Every test here sets the backend it needs itself (REPRO_KERNEL is cleared for ea
 the GPU tests force cupy), so the variable cannot break the CPU tests; the CPU references
 never go through the dispatcher.
 """
+import json
 import re
 import shutil
 import subprocess
@@ -131,14 +132,45 @@ def test_chunks_per_group_covers_every_chunk(blocks, n_chunks, sms):
 def test_backend_declines_cpu_tensors_with_a_reason(monkeypatch):
     q = torch.randn(1, 2, 5, 3)
     monkeypatch.delenv("REPRO_KERNEL", raising=False)
-    if not cupy_backend.GPU_VERIFIED:
-        assert "not yet verified on a GPU" in cupy_backend.unsupported_reason(q, q, q)
+    monkeypatch.setattr(cupy_backend, "GPU_VERIFIED", False)
+    assert "not yet verified on a GPU" in cupy_backend.unsupported_reason(q, q, q)
+    monkeypatch.setattr(cupy_backend, "GPU_VERIFIED", True)
     monkeypatch.setenv("REPRO_KERNEL", "cupy")
     assert "CUDA tensors only" in cupy_backend.unsupported_reason(q, q, q)
     with pytest.raises(RuntimeError, match="REPRO_KERNEL=cupy"):
         select_backend(q, q, q)
     monkeypatch.setenv("REPRO_KERNEL", "torch")
     assert "REPRO_KERNEL=torch" in cupy_backend.unsupported_reason(q, q, q)
+
+
+def test_unforced_the_kernels_run_only_where_the_h100_measured_them_faster(monkeypatch):
+    """Verified on the H100, the CuPy kernels are the default only where its benchmark found them
+    faster than the torch path: the bf16 product; the fused normalised kernel in bf16 without
+    gradients. fp32 and fp16, the fused kernel's backward and the recurrent step stay on the
+    torch path unless REPRO_KERNEL=cupy forces them (then only the device decides). The CPU
+    tensors pass the gate and are then declined for their device: that is the gate's verdict."""
+    monkeypatch.delenv("REPRO_KERNEL", raising=False)
+    monkeypatch.setattr(cupy_backend, "GPU_VERIFIED", True)
+    gated = "not measured faster"
+    mk = lambda dtype, grad=False: torch.ones(1, 2, 5, 3, dtype=dtype, requires_grad=grad)  # noqa: E731
+    assert gated in cupy_backend.unsupported_reason(mk(torch.float32), mk(torch.float32), mk(torch.float32))
+    assert gated in cupy_backend.unsupported_reason(*(mk(torch.float16),) * 3)
+    assert "CUDA tensors only" in cupy_backend.unsupported_reason(*(mk(torch.bfloat16),) * 3)
+    # float64 is no kernel dtype: the device check names that, not the speed table
+    assert "CUDA tensors only" in cupy_backend.unsupported_reason(*(mk(torch.float64),) * 3)
+    assert "CUDA tensors only" in cupy_backend.linear_attention_unsupported_reason(*(mk(torch.bfloat16),) * 3)
+    grads = (mk(torch.bfloat16, True), mk(torch.bfloat16), mk(torch.bfloat16))
+    assert "backward is slower" in cupy_backend.linear_attention_unsupported_reason(*grads)
+    with torch.no_grad():
+        assert "CUDA tensors only" in cupy_backend.linear_attention_unsupported_reason(*grads)
+    q = torch.ones(1, 2, 3)
+    S, Z = torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3)
+    assert gated in cupy_backend.step_unsupported_reason(q, q, q, S, Z)
+    monkeypatch.setenv("REPRO_KERNEL", "cupy")
+    for args in [(mk(torch.float32),) * 3, (mk(torch.float16),) * 3]:
+        assert "CUDA tensors only" in cupy_backend.unsupported_reason(*args)
+    assert "CUDA tensors only" in cupy_backend.linear_attention_unsupported_reason(*grads)
+    assert "CUDA tensors only" in cupy_backend.step_unsupported_reason(q, q, q, S, Z)
 
 
 def test_linear_attention_step_on_cpu_still_matches_parallel():
@@ -410,10 +442,37 @@ def test_bench_skips_a_method_whose_one_call_is_too_slow(tmp_path):
             "--dim", "4", "--warmup", "1", "--repeats", "1", "--calls", "1", "--methods", "torch",
             "--max-call-s", "1e-9", "--out-dir", str(tmp_path)]
     rows = {(r["n"], r["pass"]): r["status"] for r in bench.main(args)}
-    assert rows[(16, "fwd")].startswith("skipped: one call takes") and rows[(32, "fwd")] == \
+    assert rows[(16, "fwd")].startswith("skipped: a warm call takes") and rows[(32, "fwd")] == \
         "skipped: N=16 was over --max-call-s"
     rows = {(r["n"], r["pass"]): r["status"] for r in bench.main(args)}
     assert rows[(32, "fwd_bwd")] == "skipped: N=16 was over --max-call-s"
+    # rows skipped by a first call (before the warm retry: fla's compile on the H100) run again
+    path = tmp_path / "bench.jsonl"
+    old = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "status": r["status"].replace("a warm call", "one call")}) + "\n"
+                            for r in old))
+    fast = args[:args.index("--max-call-s")] + ["--max-call-s", "60", "--out-dir", str(tmp_path)]
+    assert {r["status"] for r in bench.main(fast)} == {"ok"}
+
+
+def test_bench_timer_judges_a_point_by_its_warm_call_not_a_first_call_that_compiles():
+    """On the H100, fla's first call took 28 s (Triton compiling and autotuning), the Timer judged
+    --max-call-s by it and skipped every fla point. A slow first call is retried once: only a
+    second call over the limit skips the point."""
+    import time
+
+    from repro.reproduction import bench
+    timer = bench.Timer(torch.device("cpu"), calls=1, max_call_s=0.05)
+    calls = []
+
+    def compiles_once():
+        calls.append(1)
+        time.sleep(0.2 if len(calls) == 1 else 0.0)
+
+    ms, _, _ = timer(compiles_once, warmup=3, repeats=2)
+    assert ms < 50 and len(calls) == 3 + 2  # the retry is one of the three warm-up calls
+    with pytest.raises(bench.TooSlow, match="a warm call takes 0.1"):
+        timer(lambda: time.sleep(0.1), warmup=3, repeats=2)
 
 
 def test_bench_fast_transformers_source_from_the_sdist(tmp_path):

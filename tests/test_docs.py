@@ -358,8 +358,10 @@ def table_problems(page: Path, repo: Path = REPO) -> list[str]:
                         continue
                     hits = [(abs(v * s - x), key, v) for key, vs in columns.items() for s in SCALES
                             for v in vs[np.abs(vs * s - x) <= tol * (1 + 1e-9)]]
-                    if hits:  # the value it shows: the closest (a number can round several)
-                        _, key, v = min(hits, key=lambda h: h[0])
+                    # the value it shows: in each file, the closest (a number can round several;
+                    # a table citing several files may match one number in more than one of them)
+                    for file in {key[0] for _, key, _ in hits}:
+                        _, key, v = min((h for h in hits if h[1][0] == file), key=lambda h: h[0])
                         shown.setdefault(key, set()).add(v)
                     if not hits and not np.any(np.abs(paper - x) <= tol * (1 + 1e-9)):
                         out.append(f"{where} is not in {marker[1]}")

@@ -494,3 +494,18 @@ def test_archived_runs_are_kept_but_never_reported(tmp_path):
     shutil.copytree(tmp_path / "fig1", old)
     md = build(tmp_path, tmp_path / "REPORT.md")
     assert "fig1_old" not in md and "### fig1 (causal)" in md
+
+
+def test_a_folder_of_several_commands_shows_each_as_its_own_span(tmp_path):
+    """A reproduce_gpu step writes one command a line to command.txt (the MNIST step: one per
+    attention); joined into one span they read as one command that does not parse. Each is its
+    own span, and a backslash still continues a line."""
+    from repro.reproduction.report.format import code, command, commands_of
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "command.txt").write_text("python run.py attention=softmax \\\n   seed=0\npython run.py attention=linear\n")
+    (b / "command.txt").write_text("python run.py attention=linear\npython run.py attention=lsh-1\n")
+    assert command(a, tmp_path) == "python run.py attention=softmax seed=0\npython run.py attention=linear"
+    assert code(command(a, tmp_path)) == "`python run.py attention=softmax seed=0`; `python run.py attention=linear`"
+    assert commands_of([a, b], tmp_path) == ("`python run.py attention=softmax seed=0`; "
+                                             "`python run.py attention=linear`; `python run.py attention=lsh-1`")

@@ -23,14 +23,16 @@ from torch import Tensor
 from repro.kernels import cuda_build
 from repro.kernels.backend import forced_backend
 
-# THE SWITCH. False until tests/test_cupy_kernels.py has passed on a real GPU: until then the
-# dispatcher and the attention module use these kernels only under REPRO_KERNEL=cupy, and the
-# torch path stays the default on CUDA. To flip it, on a machine with a GPU run
-#     REPRO_KERNEL=cupy python -m pytest -q -rs tests/test_cupy_kernels.py
-# (step 1 of `python -m repro.reproduce_gpu` runs it) and, when every test passes with none of
-# the GPU tests skipped (the nvcc compile test may skip where nvcc is absent), set
-# GPU_VERIFIED = True and note the GPU and the commit in the commit message.
-GPU_VERIFIED = False
+# THE SWITCH: True since the GPU kernel tests passed on an NVIDIA H100 80GB HBM3 (88, none skipped,
+# commit 239c217; results/gpu/NVIDIA_H100_80GB_HBM3/env/). Verify another GPU with
+#     REPRO_KERNEL=cupy python -m pytest -q -rs tests/test_cupy_kernels.py   (reproduce_gpu step 1)
+GPU_VERIFIED = True
+# Verified is not faster: unforced, an op takes its kernel only in the dtypes where the same H100
+# (results/gpu/.../kernels/bench.csv) measured it faster than the chunked torch path, forward and
+# forward + backward; the fused normalised kernel only without gradients (its backward is 2.8x
+# the product's). fp32 stays on cuBLAS, fp16 and the step were not measured: docs/kernels.md.
+FASTER_DTYPES = {"causal_dot_product": (torch.bfloat16,), "causal_linear_attention": (torch.bfloat16,),
+                 "linear_attention_step": ()}
 
 # bf16 products on tensor cores (causal_dot_tc.cu); fp32 and fp16 always take the FMA kernel.
 TENSOR_CORES = True
@@ -50,13 +52,17 @@ CALLS = Counter()
 GRID_YZ_MAX = 65535  # CUDA's limit on gridDim.y and gridDim.z
 
 
-def _gate_reason():
-    forced = forced_backend()
-    if forced == "torch":
-        return "forced to the torch path by REPRO_KERNEL=torch"
-    if not GPU_VERIFIED and forced != "cupy":
-        return ("the CuPy kernels are compile-checked but not yet verified on a GPU "
-                "(cupy_backend.GPU_VERIFIED is False); set REPRO_KERNEL=cupy to use them")
+def _gate_reason(op, dtype, backward=False):
+    """Why `op` leaves these inputs to the torch path unless REPRO_KERNEL=cupy, or None."""
+    forced, how = forced_backend(), "; set REPRO_KERNEL=cupy to use it"
+    if forced:
+        return "forced to the torch path by REPRO_KERNEL=torch" if forced == "torch" else None
+    if not GPU_VERIFIED:
+        return "the CuPy kernels are compile-checked but not yet verified on a GPU (GPU_VERIFIED is False)" + how
+    if dtype in KERNEL_DTYPES and dtype not in FASTER_DTYPES[op]:  # others: _device_reason says why
+        return f"{op} in {dtype} was not measured faster than the torch path (FASTER_DTYPES)" + how
+    if backward and op == "causal_linear_attention":
+        return "the fused normalised kernel's backward is slower than the product's (FASTER_DTYPES)" + how
     return None
 
 
@@ -102,7 +108,8 @@ def _device_reason(q, dims, what):
 
 def unsupported_reason(q, k, v):
     """None when causal_dot_product can take q, k, v, else why not (the dispatcher's hook)."""
-    return _gate_reason() or _shape_reason(q, v) or _device_reason(q, (q.shape[-1], v.shape[-1]),
+    return _gate_reason("causal_dot_product", q.dtype) or _shape_reason(q, v) or _device_reason(
+        q, (q.shape[-1], v.shape[-1]),
                                                                    "causal_dot_product")
 
 
@@ -110,13 +117,14 @@ def linear_attention_unsupported_reason(q, k, v):
     """None when causal_linear_attention can take q, k, v, else why not."""
     if not (q.dtype == k.dtype == v.dtype and q.shape == k.shape and q.shape[:-1] == v.shape[:-1]):
         return "q, k, v must share a dtype and (..., N) with q, k of one shape"
-    return _gate_reason() or _shape_reason(q, v) or _device_reason(
+    backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return _gate_reason("causal_linear_attention", q.dtype, backward) or _shape_reason(q, v) or _device_reason(
         q, (q.shape[-1], v.shape[-1] + 1), "causal_linear_attention")
 
 
 def step_unsupported_reason(q, k, v, S, Z):
     """None when linear_attention_step can take these, else why not."""
-    reason = _gate_reason() or _device_reason(q, (1,), "linear_attention_step")
+    reason = _gate_reason("linear_attention_step", q.dtype) or _device_reason(q, (1,), "linear_attention_step")
     if reason:
         return reason
     if not (q.dtype == k.dtype == v.dtype):
@@ -363,36 +371,5 @@ def causal_linear_attention(q, k, v, eps: float):
     return _cla(q, k, v, float(eps))[0]
 
 
-# --------------------------------------------------------------------------- recurrent step
-
-@torch.library.custom_op("repro::linear_attention_step", mutates_args=("S", "Z"), device_types="cuda")
-def _step(q: Tensor, k: Tensor, v: Tensor, S: Tensor, Z: Tensor, eps: float) -> Tensor:
-    import cupy
-
-    CALLS["linear_attention_step"] += 1
-    d, m = q.shape[-1], v.shape[-1]
-    bh = math.prod(q.shape[:-1])
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = _empty(v.shape, v.dtype, v.device)
-    if bh == 0 or m == 0:  # a zero grid is an invalid launch; Z still takes k
-        Z += k.float()
-        return out.zero_()
-    smem = 4 * (2 * d + STEP_THREADS)
-    with cupy.cuda.Device(q.device.index), _stream(q.device):
-        _kernel(f"linear_step<{KERNEL_DTYPES[q.dtype]}>", q.device.index, smem)(
-            (bh,), (STEP_THREADS,),
-            (_ptr(q), _ptr(k), _ptr(v), _ptr(S), _ptr(Z), _ptr(out), np.int32(d), np.int32(m), np.float32(eps)),
-            shared_mem=smem)
-    return out
-
-
-@_step.register_fake
-def _(q, k, v, S, Z, eps):
-    return _contiguous_like(v)
-
-
-def linear_attention_step(q, k, v, S, Z, eps: float):
-    """q, k (..., D), v (..., M); S (..., D, M), Z (..., D) contiguous fp32, updated in place:
-    S += k v^T, Z += k; returns (q^T S) / (q . Z + eps) (..., M) in v's dtype. One launch for
-    every (batch, head). Check step_unsupported_reason first."""
-    return _step(q, k, v, S, Z, float(eps))
+# The recurrent step's op lives beside, in repro.kernels.cupy_step; importing it registers it.
+from repro.kernels.cupy_step import linear_attention_step  # noqa: E402, F401

@@ -24,8 +24,8 @@ What it reads (the convention for results folders; any depth under results/):
   rows carry `device` (the hardware) as every result row does (for Tables 1/2 bits/dim and Table 3,
   the run rows in a .jsonl beside the CSV may carry it instead). Tables 1, 2, 4 and 5 give ours in
   one column per hardware: CPU (any CPU), and each GPU by its name; a cell never mixes hardware.
-The command that produced a folder: its `command.txt` (the exact command line, one or more
-lines), else the first `python ...` command in the README.md of the folder or of the nearest
+The commands that produced a folder: its `command.txt` (one command a line, a trailing backslash
+continuing one), else the first `python ...` command in the README.md of the folder or of the nearest
 parent folder under results/. A paper table with no result of ours says "not yet run".
 
 One module per part of REPORT.md (figure1, figure2, images, speech, kernels, cpu_speed,

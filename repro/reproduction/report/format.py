@@ -44,8 +44,9 @@ def _commands_in(text: str) -> list[tuple[str, str]]:
 def command(folder: Path, root: Path) -> str:
     """The command that produced `folder` (see the module docstring)."""
     if (folder / "command.txt").is_file():
-        return " ".join(line.strip().rstrip("\\").strip() for line in (folder / "command.txt").read_text().splitlines()
-                        if line.strip())
+        # one command a line, a trailing backslash continuing it; several come back one a line
+        text = re.sub(r"\s*\\\s*\n\s*", " ", (folder / "command.txt").read_text())
+        return "\n".join(line.strip() for line in text.splitlines() if line.strip())
     d = folder
     while True:
         found = _commands_in((d / "README.md").read_text()) if (d / "README.md").is_file() else []
@@ -81,11 +82,13 @@ def dataset_of(value) -> str | None:
 
 
 def code(text) -> str:
-    return f"`{text}`"
+    """Commands as code spans, one span each (text: one command a line), so that each one can be
+    copied and run as it is."""
+    return "; ".join(f"`{line}`" for line in str(text).splitlines())
 
 
 def commands_of(folders, root) -> str | None:
-    cmds = "; ".join(dict.fromkeys(command(f, root) for f in folders))
+    cmds = "\n".join(dict.fromkeys(c for f in folders for c in command(f, root).splitlines()))
     return code(cmds) if cmds else None
 
 
