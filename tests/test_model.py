@@ -252,3 +252,41 @@ def test_the_paper_presets_drop_nothing_from_the_input_as_the_authors(compose_cf
     paper.train()
     x = paper._input(paper.embed(torch.tensor([[1, 2, 3]])), sinusoid(torch.arange(3), paper.d_position))
     assert torch.equal(paper.dropout(x), x)  # nothing dropped from the input
+
+
+@pytest.mark.parametrize("name", ["softmax", "linear"])
+def test_generation_projections_follow_the_weights_and_step_aside_for_autograd(name):
+    """Generation gives each recurrent layer StepProjections (q, k, v in one cached matmul). The
+    step with them equals the plain step; after the weights change (an optimizer step, a
+    load_state_dict) the cache is rebuilt, so the step follows the new weights; with autograd on
+    the plain modules run and gradients reach every projection."""
+    from repro.models.generate import StepProjections, fast_projections
+    model = _model(name)
+    tokens = torch.randint(0, 11, (3, 9))
+
+    def run():
+        state, out = None, []
+        with torch.no_grad():
+            for t in range(tokens.shape[1]):
+                y, state = model.step(tokens[:, t], state)
+                out.append(y)
+        return torch.stack(out, 1)
+
+    plain = run()
+    layers = fast_projections(model)
+    assert layers and all(isinstance(la.step_projections, StepProjections) for la in layers)
+    torch.testing.assert_close(run(), plain, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        for la in layers:
+            la.v_proj.weight.mul_(-1.5)  # in place: the version counter moves, the pointer stays
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})  # new storage too
+    changed = run()
+    assert (changed - plain).abs().max() > 1e-3
+    for la in layers:
+        la.step_projections = None
+    torch.testing.assert_close(changed, run(), rtol=1e-12, atol=1e-12)
+    fast_projections(model)
+    la = layers[0]  # the model's step runs without autograd; a layer's own step may train
+    y, _ = la.step(torch.randn(3, la.d_model, dtype=torch.float64))
+    y.sum().backward()
+    assert all(p.grad is not None for p in (la.q_proj.weight, la.k_proj.weight, la.v_proj.weight))

@@ -17,9 +17,9 @@ class AttentionLayer(nn.Module):
     """
 
     recurrent = False
-    # Set by repro.models.generate.compile_step, whose wrapper rebuilds _qkv at every
-    # generation's first step; a compiled step of this layer then reads _qkv as it stands.
-    fused_qkv_refreshed = False
+    # Generation puts a faster projection for the step here (repro.models.generate.StepProjections);
+    # None: the plain modules.
+    step_projections = None
 
     def __init__(self, d_model: int, n_heads: int, d_keys: int | None = None, d_values: int | None = None):
         super().__init__()
@@ -67,31 +67,14 @@ class AttentionLayer(nn.Module):
                                       f"generate with it by re-running the prefix")
         if x.dim() != 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"{type(self).__name__}.step: x must be (B, d_model={self.d_model}); got {tuple(x.shape)}")
-        # Training through the step (autograd as usual): plain modules. Generation: one matmul
-        # for q, k and v; per-token cost is mostly per-op overhead there, and addmm on a
-        # transposed weight is also a faster kernel than F.linear at batch 1. Traced by
-        # torch.compile, the fused weights' cache (keyed on data pointers, which dynamo cannot
-        # trace) is read as it stands only where compile_step's wrapper refreshes it before every
-        # generation (fused_qkv_refreshed); elsewhere the compiled step uses the plain modules.
-        compiling = torch.compiler.is_compiling()
-        if torch.is_grad_enabled() or (compiling and not self.fused_qkv_refreshed):
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        fast = self.step_projections
+        if fast is not None and fast.usable():
+            q, k, v = fast.qkv(x)  # (B, H D) each, (B, H M)
         else:
-            w, b = self._qkv if compiling else self._fused_qkv()
-            hd, hm = self.n_heads * self.d_keys, self.n_heads * self.d_values
-            q, k, v = torch.addmm(b, x, w).split([hd, hd, hm], -1)  # (B, 2 H D + H M)
+            fast = None
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         y, state = self.attend_step(q.unflatten(-1, (self.n_heads, self.d_keys)),
                                     k.unflatten(-1, (self.n_heads, self.d_keys)),
                                     v.unflatten(-1, (self.n_heads, self.d_values)), state)  # (B, H, M)
-        return torch.addmm(self.out_proj.bias, y.flatten(-2), self.out_proj.weight.t()), state  # F.linear's op
-
-    def _fused_qkv(self):
-        """(W_q; W_k; W_v)^T (d_model, 2 H D + H M) and the biases, concatenated once and reused
-        while the parameters are unchanged (their storage and version counters are the key, so
-        an optimizer step, load_state_dict or .to() rebuilds it)."""
-        params = [p for m in (self.q_proj, self.k_proj, self.v_proj) for p in (m.weight, m.bias)]
-        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
-        if getattr(self, "_qkv_key", None) != key:
-            w = torch.cat([m.weight for m in (self.q_proj, self.k_proj, self.v_proj)]).t()
-            self._qkv, self._qkv_key = (w, torch.cat(params[1::2])), key
-        return self._qkv
+        y = y.flatten(-2)  # (B, H M)
+        return (self.out_proj(y) if fast is None else fast.out(y)), state

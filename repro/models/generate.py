@@ -31,6 +31,61 @@ STEP_INDUCTOR_CPU = {**STEP_INDUCTOR, "cpp_wrapper": True}
 TOKENS_PER_CALL = 2
 
 
+class StepProjections:
+    """Generation's projections around one attention layer's step (layer.step_projections): q,
+    k and v in one matmul over the concatenated weights, since per-token cost at batch 1 is
+    mostly per-op overhead, and both products as addmm on a transposed weight, a faster kernel
+    than F.linear there. The concatenation is cached while the parameters are unchanged (their
+    storage and version counters are the key, so an optimizer step, load_state_dict or .to()
+    rebuilds it). With autograd on (training through the step) the layer takes its plain
+    modules. Traced by torch.compile, the cache (keyed on data pointers, which dynamo cannot
+    trace) is read as it stands: only compile_step, whose wrapper refreshes it before every
+    generation, lets a compiled step use it (refreshed=True); other compiled steps take the
+    plain modules."""
+
+    def __init__(self, layer, refreshed: bool = False):
+        self.layer, self.refreshed = layer, refreshed
+        self._key, self._wb = None, None
+
+    def usable(self) -> bool:
+        return not torch.is_grad_enabled() and (self.refreshed or not torch.compiler.is_compiling())
+
+    def weights(self):
+        """(W_q; W_k; W_v)^T (d_model, 2 H D + H M) and the biases (2 H D + H M,)."""
+        mods = (self.layer.q_proj, self.layer.k_proj, self.layer.v_proj)
+        params = [p for m in mods for p in (m.weight, m.bias)]
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        if self._key != key:
+            self._wb, self._key = (torch.cat([m.weight for m in mods]).t(), torch.cat(params[1::2])), key
+        return self._wb
+
+    def qkv(self, x):
+        """(B, d_model) -> q, k (B, H D), v (B, H M)."""
+        w, b = self._wb if torch.compiler.is_compiling() else self.weights()
+        hd, hm = self.layer.n_heads * self.layer.d_keys, self.layer.n_heads * self.layer.d_values
+        return torch.addmm(b, x, w).split([hd, hd, hm], -1)
+
+    def out(self, y):
+        """(B, H M) -> (B, d_model): F.linear's op."""
+        o = self.layer.out_proj
+        return torch.addmm(o.bias, y, o.weight.t())
+
+
+def recurrent_layers(model):
+    from repro.attention.base import AttentionLayer
+    return [m for m in model.modules() if isinstance(m, AttentionLayer) and m.recurrent]
+
+
+def fast_projections(model, refreshed: bool = False):
+    """Gives every recurrent attention layer of the model its StepProjections (a layer that has
+    them keeps them, unless compile_step asks for refreshed ones); returns those layers."""
+    layers = recurrent_layers(model)
+    for layer in layers:
+        if refreshed or layer.step_projections is None:
+            layer.step_projections = StepProjections(layer, refreshed)
+    return layers
+
+
 @dataclass
 class SamplingStep:
     """A model's step with sample_fn applied to its outputs, compiled by compile_step:
@@ -58,6 +113,7 @@ def generate(model, prefix, length: int, sample_fn, mode: str = "recurrent", on_
     seq = prefix.new_empty(b, length)
     seq[:, :k] = prefix
     if mode == "recurrent":
+        fast_projections(model)
         sampling = getattr(model, "sampling_step", None)
         if sampling is None or sampling.sample_fn is not sample_fn:
             def one(tokens, state):
@@ -99,25 +155,22 @@ def compile_step(model, backend: str = "inductor", sample_fn=None, tokens_per_ca
     passes a column of its (B, length) buffer, whose stride (length, even where B = 1 makes it
     "contiguous") would otherwise be a guard, and a generation of another length a recompile.
 
-    The attention layers' fused q/k/v weights are rebuilt, where their parameters changed, at
-    every first step (no state yet), so the compiled step reads them as they stand."""
-    from repro.attention.base import AttentionLayer
-
+    The attention layers' fused q/k/v weights (StepProjections) are rebuilt, where their
+    parameters changed, at every first step (no state yet), so the compiled step reads them as
+    they stand."""
     if tokens_per_call < 1:
         raise ValueError(f"compile_step: tokens_per_call must be >= 1; got {tokens_per_call}")
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     options = (STEP_INDUCTOR_CPU if on_cpu else STEP_INDUCTOR) if backend == "inductor" else None
     step = type(model).step.__get__(model)
-    layers = [m for m in model.modules() if isinstance(m, AttentionLayer) and m.recurrent]
-    for layer in layers:
-        layer.fused_qkv_refreshed = True
+    layers = fast_projections(model, refreshed=True)
 
     def refreshing(compiled):
         def call(tokens, state=None):
             if state is None:
                 with torch.no_grad():
                     for layer in layers:
-                        layer._fused_qkv()
+                        layer.step_projections.weights()
             return compiled(tokens.clone(memory_format=torch.contiguous_format), state)
         return call
 

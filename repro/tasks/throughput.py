@@ -32,7 +32,7 @@ from repro.cli.config import ConfigError, building_from_config, compose_group, p
 from repro.common import paper
 from repro.common.results import atomic_write, provenance, publish_folder, rows_to_csv, write_jsonl
 from repro.models import logistic_mixture as dmol
-from repro.models.generate import MODES, compile_step, generate
+from repro.models.generate import MODES, StepProjections, compile_step, generate
 from repro.models.pixels import IMAGE_SHAPES, PixelTransformer
 from repro.training.loop import compile_backends
 from repro.training.threads import set_threads
@@ -104,7 +104,7 @@ def _matrices(model):
     mats = []
     for layer in model.encoder.layers:
         a = layer.attention
-        mats += [a._fused_qkv()[::-1], (a.out_proj.bias, a.out_proj.weight.t()),
+        mats += [StepProjections(a).weights()[::-1], (a.out_proj.bias, a.out_proj.weight.t()),
                  (layer.linear1.bias, layer.linear1.weight.t()), (layer.linear2.bias, layer.linear2.weight.t())]
     return mats + [(model.head.bias, model.head.weight.t())]
 
