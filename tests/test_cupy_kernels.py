@@ -185,6 +185,49 @@ def test_linear_attention_step_on_cpu_still_matches_parallel():
     torch.testing.assert_close(torch.stack(steps, 1), par, rtol=1e-10, atol=1e-10)
 
 
+def test_second_derivatives_of_the_ops_backward_functions_on_cpu(monkeypatch):
+    """_cdp_grad and _cla_grad (what the CuPy ops' autograd runs) under create_graph, with the
+    CUDA ops stood in by the torch path: the forward op by a Function that saves what the real
+    one saves and runs _cdp_grad as its backward (so the gradients recurse through it, as they
+    do through _cdp), the first-order backward ops by the same gradients in torch. gradcheck and
+    gradgradcheck in float64; the kernels themselves are the GPU tests' part."""
+    from repro.kernels.chunked import causal_product_grads
+
+    class Cdp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            cupy_backend._cdp_setup(ctx, (q, k, v), None)
+            return causal_dot_product_chunked(q, k, v)
+
+        @staticmethod
+        def backward(ctx, g):
+            return cupy_backend._cdp_grad(ctx, g)
+
+    class Cla(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, eps):
+            out = causal_dot_product_chunked(q, k, torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1))
+            y, den = out[..., :-1] / (out[..., -1:] + eps), out[..., -1]
+            cupy_backend._cla_setup(ctx, (q, k, v, eps), (y, den))
+            return y, den
+
+        @staticmethod
+        def backward(ctx, g, g_den):
+            return cupy_backend._cla_grad(ctx, g, g_den)
+
+    def no_derivative(fn):  # the backward ops have none: their results leave the graph
+        return lambda *a: torch.no_grad()(fn)(causal_dot_product_chunked, *a)
+
+    monkeypatch.setattr(cupy_backend, "_cdp", Cdp.apply)
+    monkeypatch.setattr(cupy_backend, "_cdp_backward", no_derivative(causal_product_grads))
+    monkeypatch.setattr(cupy_backend, "_cla_backward", no_derivative(cupy_backend.cla_grads))
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.rand(1, 2, 11, 3, dtype=torch.float64, generator=gen).add(0.3).requires_grad_() for _ in range(2))
+    v = torch.randn(1, 2, 11, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    for fn in (Cdp.apply, lambda q, k, v: Cla.apply(q, k, v, 1e-6)[0], lambda q, k, v: Cla.apply(q, k, v, 1e-6)[1]):
+        assert torch.autograd.gradcheck(fn, (q, k, v)) and torch.autograd.gradgradcheck(fn, (q, k, v))
+
+
 # --------------------------------------------------------------------------- GPU: the kernels
 
 @pytest.fixture
@@ -275,6 +318,26 @@ def test_fused_normaliser_matches_naive(on_cupy, shape, dtype):
     assert cupy_backend.linear_attention_unsupported_reason(q, k, v) is None
     fused = lambda q, k, v: cupy_backend.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
     _check_against_naive(fused, _linear_reference, (q, k, v), TOL[dtype])
+
+
+@needs_gpu
+def test_second_derivatives_through_the_ops(on_cupy):
+    """Under create_graph the ops' gradients come from the differentiable forward op (they were
+    the backward ops, which have no derivative of their own): a gradient penalty through
+    causal_dot_product and the fused normalised attention against the float64 formulas'."""
+    q, k, v = _inputs(2, 3, 130, 17, 33, torch.float32, scale=0.5)
+    with torch.no_grad():  # positive features, as phi gives
+        q.copy_(torch.nn.functional.elu(q) + 1)
+        k.copy_(torch.nn.functional.elu(k) + 1)
+    fused = lambda q, k, v: cupy_backend.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    for fn, ref_fn in ((causal_dot_product, causal_dot_product_naive), (fused, _linear_reference)):
+        g = torch.randn(2, 3, 130, 33, device="cuda")
+        penalties = []
+        for f, ins in ((fn, (q, k, v)), (ref_fn, [x.detach().double().requires_grad_() for x in (q, k, v)])):
+            grads = torch.autograd.grad(f(*ins), ins, g.to(ins[0].dtype), create_graph=True)
+            penalties.append(torch.autograd.grad(sum(gr.square().sum() for gr in grads), ins))
+        for name, a, b in zip("qkv", *penalties):
+            assert rel_err(a, b) <= 1e-4, f"second derivative, {name}"
 
 
 @needs_gpu

@@ -132,3 +132,67 @@ def test_kernels_task_names_the_backend_the_dispatcher_took(compose_cfg, tmp_pat
     rows = {r["implementation"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
     assert rows["dispatcher"]["backend"] == "torch" and rows["chunked"]["backend"] == "chunked"
     assert all(r["status"] == "ok" and r["forward_backward_ms"] > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize("shape,chunk", [((1, 2, 11, 3, 5), 4),  # 3 chunks: the triangular-matmul scan
+                                         ((2, 1, 37, 3, 2), 4),  # 10 chunks: the loop scan
+                                         ((1, 1, 9, 4, 3), None)])  # one partial chunk
+@pytest.mark.parametrize("need", [(True, True, True), (True, False, True)])
+def test_second_derivatives_through_the_chunked_product(shape, chunk, need):
+    """Under create_graph the gradients are causal products themselves, differentiable in turn:
+    gradgradcheck (numerical second derivatives, float64), and a gradient penalty against the
+    naive formula's (its backward was once-only: create_graph gave None or partial values)."""
+    q, k, v = _inputs(*shape)
+    for x, r in zip((q, k, v), need):
+        x.requires_grad_(r)
+    assert torch.autograd.gradgradcheck(lambda *a: causal_dot_product_chunked(*a, chunk), (q, k, v))
+    wrt = [x for x in (q, k, v) if x.requires_grad]
+    g = torch.randn(q.shape[:-1] + v.shape[-1:], dtype=torch.float64)
+    penalties = []
+    for fn in (lambda *a: causal_dot_product_chunked(*a, chunk), causal_dot_product_naive):
+        grads = torch.autograd.grad(fn(q, k, v), wrt, g, create_graph=True)
+        penalties.append(torch.autograd.grad(sum(gr.square().sum() for gr in grads), wrt))
+    for a, b in zip(*penalties):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+# The rows of (out, grad q, grad k, grad v) that a non-finite row p of q, k, v or the upstream
+# gradient g reaches, by the formulas' dependencies: out_i and grad q_i read k, v at j <= i (out_i
+# also q_i, grad q_i also g_i); grad k_i and grad v_i read q, g at j >= i and v_i or k_i.
+REACH = {"q": ("==", None, "<=", "<="), "k": (">=", ">=", None, "=="), "v": (">=", ">=", "==", None),
+         "g": (None, "==", "<=", "<=")}
+
+
+@pytest.mark.parametrize("n,chunk", [(20, None), (70, None), (70, 16), (300, None)])  # one chunk, 3 and 5 (the
+@pytest.mark.parametrize("which", "qkvg")                                  # triangular-matmul scan), 10 (the loop)
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_non_finite_input_reaches_only_the_rows_causality_allows(monkeypatch, n, chunk, which, bad, threads):
+    """An inf or NaN at position p of a 70-token sequence made all 70 outputs non-finite (masked
+    zeros times inf, in the scan's triangular matmul and the intra-chunk products). Rows it does
+    not reach equal the naive formula's on the inputs with that row zeroed (finite); rows it
+    reaches are not finite. One row per group of rows, the groups on 1 or 2 host threads."""
+    from repro.kernels import chunked
+
+    monkeypatch.setattr(chunked, "GROUP_CHUNKS", 1)
+    gen = torch.Generator().manual_seed(n)
+    clean = {x: torch.randn(2, 2, n, d, dtype=torch.float64, generator=gen) for x, d in zip("qkvg", (5, 5, 7, 7))}
+    p = n * 4 // 7  # 40 of 70: inside a chunk, not at its start
+    dirty = {x: t.clone() for x, t in clean.items()}
+    dirty[which][..., p, :] = bad
+    clean[which][..., p, :] = 0.0
+    results, before = [], torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for fn, ins in ((lambda *a: causal_dot_product_chunked(*a, chunk), dirty), (causal_dot_product_naive, clean)):
+            q, k, v = (ins[x].requires_grad_() for x in "qkv")
+            out = fn(q, k, v)
+            results.append((out, *torch.autograd.grad(out, (q, k, v), ins["g"])))
+    finally:
+        torch.set_num_threads(before)
+    rows = torch.arange(n)
+    for name, got, want, rule in zip(("out", "grad q", "grad k", "grad v"), *results, REACH[which]):
+        reached = {"==": rows == p, ">=": rows >= p, "<=": rows <= p, None: rows < 0}[rule]
+        assert torch.isfinite(got[..., ~reached, :]).all(), f"{name}: a row causality keeps finite is not"
+        torch.testing.assert_close(got[..., ~reached, :], want[..., ~reached, :], rtol=1e-10, atol=1e-10)
+        assert not torch.isfinite(got[..., reached, :]).any(), f"{name}: a reached row came out finite"

@@ -1,7 +1,7 @@
 """Causal dot product kernels behind one dispatcher.
 
-    causal_dot_product(q, k, v) -> out
-    q, k: (B, H, N, D), v: (B, H, N, M) -> out: (B, H, N, M)
+    causal_dot_product(q, k, v, out_dtype=None) -> out
+    q, k: (B, H, N, D), v: (B, H, N, M) -> out: (B, H, N, M), in q's dtype or out_dtype
     out[..., i, :] = sum_{j<=i} (q_i . k_j) v_j        (unnormalised; no feature map)
 
 Backends, in order of preference:
@@ -73,10 +73,16 @@ def cupy_for(reason, *tensors):
     return cupy_backend
 
 
-def causal_dot_product(q, k, v):
+def causal_dot_product(q, k, v, out_dtype=None):
+    """out_dtype (torch.float32 for half-precision inputs): the sums unrounded, in that dtype."""
     _check_inputs(q, k, v)
     backend, _ = select_backend(q, k, v)
+    wide = out_dtype not in (None, q.dtype)  # the kernels return their inputs' dtype: fp32 inputs then
+    if backend == "cupy" and wide and forced_backend() != "cupy":
+        backend = "torch"  # the fp32 CuPy kernel is slower than the chunked path's fp32 matmuls (FASTER_DTYPES)
     if backend == "cupy":
         from repro.kernels import cupy_backend
+        if wide:
+            q, k, v = q.to(out_dtype), k.to(out_dtype), v.to(out_dtype)
         return cupy_backend.causal_dot_product(q, k, v)
-    return causal_dot_product_chunked(q, k, v)
+    return causal_dot_product_chunked(q, k, v, out_dtype=out_dtype)

@@ -14,7 +14,14 @@ with one reverse state R_i = sum_{j>=i} q_j g_j^T shared by grad k and grad v: t
 (D, M)-sized batched matmuls against the forward's four, each gradient written by one bmm and
 one in-place baddbmm_ (no separate add pass). Only q, k and v are saved; no per-step state
 S_i is ever stored. The upstream gradient is made contiguous once (after out.sum().backward()
-it is an expanded stride-0 tensor, which batched matmuls cannot hand to BLAS).
+it is an expanded stride-0 tensor, which batched matmuls cannot hand to BLAS). Under
+create_graph (second derivatives) each gradient is taken as a causal product itself, through this
+same Function, so it is differentiable in turn (causal_product_grads).
+
+Masked entries multiply: a triangular (C, C) block times a chunk of the other operand gives
+0 * inf = NaN in rows that never see an inf or NaN further on. When an input is not finite (the
+state scans' totals say so, _scan), those products and the scans take an exact path that keeps
+a non-finite value to the rows causality lets it reach (_masked_bmm).
 
 On CPU the sequences are taken in groups of ~GROUP_CHUNKS chunks (cache-sized), and with T > 1
 threads the groups run on T Python threads with torch single-threaded (_run_groups says why).
@@ -26,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 # On CPU the chunk size comes from measurement (fp32, B = 1, H = 8, N = 4096, 1 thread, fwd + bwd,
 # medians of 15 interleaved rounds; `python -m repro.reproduction.cpu_speed --chunk-sweep --threads 1
@@ -89,12 +95,14 @@ def _place(res, like, n, out):
 MATMUL_SCAN_CHUNKS = 8  # measured (fwd + bwd, interleaved): 1.04-1.18x at nc = 4, 0.9-1.1x at nc = 16
 
 
-def _chunk_states(x, n_chunks, reverse=False):
+def _chunk_states(x, n_chunks, reverse=False, safe=False):
     """Exclusive prefix sums over each sequence's chunks: (L, D, M) with L = batch * nc -> the
     state before (after, when reverse) each chunk. On CPU a loop over chunks, one add per chunk
     written straight into its slot: torch's cumsum along a non-last axis runs at a fraction of
     memory bandwidth there (15-25x slower than this loop at nc = 64, measured), and a matmul
-    with a triangular ones matrix costs nc^2 D M; on GPUs cumsum is a parallel scan and wins."""
+    with a triangular ones matrix costs nc^2 D M; on GPUs cumsum is a parallel scan and wins.
+    safe (some input is not finite): never the triangular matmul, whose zeros times a later
+    chunk's inf would make every state NaN."""
     x = x.view(-1, n_chunks, *x.shape[-2:])  # (batch, nc, D, M)
     if x.device.type != "cpu":
         if reverse:
@@ -102,7 +110,7 @@ def _chunk_states(x, n_chunks, reverse=False):
         else:
             out = F.pad(x[:, :-1], (0, 0, 0, 0, 1, 0)).cumsum(1)
         return out.flatten(0, 1)
-    if n_chunks <= MATMUL_SCAN_CHUNKS:
+    if n_chunks <= MATMUL_SCAN_CHUNKS and not safe:
         # Few chunks: one matmul with a strictly triangular ones matrix (nc^2 D M multiply-adds,
         # at most an eighth of one chunk matmul's work when nc <= C / 8) is one op instead of nc
         # small adds, each of which is a parallel region that waits for every thread.
@@ -121,26 +129,56 @@ def _chunk_states(x, n_chunks, reverse=False):
     return out.flatten(0, 1)
 
 
+def _scan(x, n_chunks, reverse=False):
+    """(_chunk_states of x, whether x holds an inf or NaN). The answer comes from the sequences'
+    totals alone (the state after the last chunk, before the first when reverse, plus that
+    chunk's own sum: 1/nc of x): a sum over a non-finite value is not finite, and an inf or NaN
+    in an input (k or v of sum k_j v_j^T, q or g of sum q_j g_j^T) makes a whole row or column
+    of its chunk's sum so. When it does, the states are taken again by the safe scan."""
+    states = _chunk_states(x, n_chunks, reverse=reverse)
+    end = lambda t: t.view(-1, n_chunks, *t.shape[-2:])[:, 0 if reverse else -1]  # noqa: E731
+    if not _any_non_finite(end(states) + end(x)):  # (batch, D, M)
+        return states, False
+    return _chunk_states(x, n_chunks, reverse=reverse, safe=True), True
+
+
+def _masked_bmm(m, x, safe, upper=False, out=None):
+    """m @ x for masked (L, C, C) blocks m: lower triangular (row i takes j <= i) or, when upper,
+    upper (j >= i: the transpose of one). Plain bmm multiplies the masked zeros too, and 0 * inf =
+    NaN in rows that never see x's inf or NaN. safe (some input is not finite): the matmul takes
+    x with its non-finite entries zeroed, and they come back as their running sum over the rows
+    that do see them, so rows before them (after, when upper) are exact and the rest not finite,
+    as in the formula. tril_ writes exact zeros, so a non-finite entry of m stays in its own
+    (unmasked) place."""
+    if not safe:
+        return torch.bmm(m, x, out=out)
+    finite = x.nan_to_num(0.0, 0.0, 0.0)
+    bad = x - finite  # (L, C, X): the infs and NaNs of x, 0 elsewhere
+    reach = bad.flip(1).cumsum(1).flip(1) if upper else bad.cumsum(1)
+    return torch.bmm(m, finite, out=out).add_(reach)
+
+
 def _forward(q, k, v, c, out=None, states=None):
-    """The causal product; with states (L, D, M), the state before each chunk is kept there
-    for the backward (grad q needs it: the size of q when C = M, and a matmul and a scan
-    fewer in the backward)."""
+    """(the causal product, whether k or v holds an inf or NaN); with states (L, D, M), the
+    state before each chunk is kept there for the backward (grad q needs it: the size of q when
+    C = M, and a matmul and a scan fewer in the backward). q reaches only its own rows."""
     n = q.shape[-2]
     nc = -(-n // c)
     qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (L, C, D|M)
     scores = torch.bmm(qc, kc.mT).tril_()  # (L, C, C): q_i . k_j for j <= i inside the chunk
-    s = _chunk_states(torch.bmm(kc.mT, vc), nc)  # (L, D, M): sum of k_j v_j^T over earlier chunks
+    s, bad = _scan(torch.bmm(kc.mT, vc), nc)  # (L, D, M): sum of k_j v_j^T over earlier chunks
     if states is not None:
         states.copy_(s)
-    res = torch.bmm(scores, vc, out=_into(out, c)).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
-    return _place(res, v, n, out)
+    res = _masked_bmm(scores, vc, bad, out=_into(out, c)).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
+    return _place(res, v, n, out), bad
 
 
-def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None):
+def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None, kv_bad=False):
     """All three gradients from shared pieces (A = tril(g v^T) serves grad q and, transposed,
     grad k; one reverse state R = sum q_j g_j^T serves grad k (as R^T) and grad v); each
     gradient is one bmm plus one in-place baddbmm_, with no separate add pass. states: the
-    forward's chunk states, recomputed when not given."""
+    forward's chunk states, recomputed when not given; kv_bad: the forward's word on k and v
+    (A's masked products take k, q and g: _masked_bmm)."""
     n = q.shape[-2]
     nc = -(-n // c)
     # _split makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
@@ -150,15 +188,16 @@ def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None):
     if need[0] or need[1]:
         a = torch.bmm(gc, vc.mT).tril_()  # (L, C, C): a[i, j] = g_i . v_j, j <= i
     if need[0]:  # grad q_i = sum_{j<=i} (g_i . v_j) k_j = intra a @ k + g_i^T S^T
-        s = _chunk_states(torch.bmm(kc.mT, vc), nc) if states is None else states  # (L, D, M) before each chunk
-        grad_q = _place(torch.bmm(a, kc, out=_into(outs[0], c)).baddbmm_(gc, s.mT), q, n, outs[0])
+        if states is None:
+            states, kv_bad = _scan(torch.bmm(kc.mT, vc), nc)  # (L, D, M) before each chunk
+        grad_q = _place(_masked_bmm(a, kc, kv_bad, out=_into(outs[0], c)).baddbmm_(gc, states.mT), q, n, outs[0])
     if need[1] or need[2]:
-        r = _chunk_states(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
+        r, qg_bad = _scan(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
     if need[1]:  # grad k_i = sum_{j>=i} (g_j . v_i) q_j = intra a^T @ q + v_i^T R^T
-        grad_k = _place(torch.bmm(a.mT, qc, out=_into(outs[1], c)).baddbmm_(vc, r.mT), k, n, outs[1])
+        grad_k = _place(_masked_bmm(a.mT, qc, qg_bad, True, out=_into(outs[1], c)).baddbmm_(vc, r.mT), k, n, outs[1])
     if need[2]:  # grad v_i = sum_{j>=i} (q_j . k_i) g_j = intra tril(q k^T)^T @ g + k_i^T R
         p = torch.bmm(qc, kc.mT).tril_()  # the forward's scores, recomputed (not saved: O(N C))
-        grad_v = _place(torch.bmm(p.mT, gc, out=_into(outs[2], c)).baddbmm_(kc, r), v, n, outs[2])
+        grad_v = _place(_masked_bmm(p.mT, gc, qg_bad, True, out=_into(outs[2], c)).baddbmm_(kc, r), v, n, outs[2])
     return grad_q, grad_k, grad_v
 
 
@@ -185,6 +224,16 @@ def _may_use_threads() -> bool:
     threads would escape them (wrong traces, uncounted FLOPs)."""
     return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
                 or torch._C._len_torch_function_stack())
+
+
+def _any_non_finite(x) -> bool:
+    """Whether x holds an inf or NaN, by one sum (a finite sum that overflows only costs the
+    exact path). Eager CPU tensors only: the answer is data, which tracing cannot branch on
+    (graphs keep the fast path), and on a GPU reading it back is a host sync per call, which
+    would drain the launch queue of every training step (the fast path runs there)."""
+    if x.device.type != "cpu" or not _may_use_threads():
+        return False
+    return not bool(torch.isfinite(x.sum()))
 
 
 _POOLS = {}  # (pid, threads) -> executor; keyed by pid so a forked child never waits on its parent's threads
@@ -221,27 +270,28 @@ def _run_groups(work, groups):
 
 
 def _grouped_forward(q, k, v, c, keep_states=False):
-    """(output, the chunk states (rows, nc, D, M) when keep_states, else None)."""
+    """(output, the chunk states (rows, nc, D, M) when keep_states, else None, whether k or v
+    holds an inf or NaN)."""
     q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))  # (rows, N, D|M)
     nc = -(-q.shape[-2] // c)
     states = q3.new_empty(q3.shape[0], nc, q.shape[-1], v.shape[-1]) if keep_states else None
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
     if len(groups) == 1:
-        return _forward(q, k, v, c, states=None if states is None else states.flatten(0, 1)), states
-    out = v3.new_empty(v3.shape)
-    _run_groups(lambda s: _forward(q3[s], k3[s], v3[s], c, out=out[s],
-                                   states=None if states is None else states[s].flatten(0, 1)), groups)
-    return out.view(v.shape), states
+        return *_forward(q, k, v, c, states=None if states is None else states.flatten(0, 1)), states
+    out, bad = v3.new_empty(v3.shape), []
+    _run_groups(lambda s: bad.append(_forward(q3[s], k3[s], v3[s], c, out=out[s],
+                                              states=None if states is None else states[s].flatten(0, 1))[1]), groups)
+    return out.view(v.shape), any(bad), states
 
 
-def _grouped_backward(q, k, v, g, c, need, states=None):
+def _grouped_backward(q, k, v, g, c, need, states=None, kv_bad=False):
     q3, k3, v3, g3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, g))  # (rows, N, D|M)
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
     if len(groups) == 1:
-        return _backward(q, k, v, g, c, need, states=None if states is None else states.flatten(0, 1))
+        return _backward(q, k, v, g, c, need, states=None if states is None else states.flatten(0, 1), kv_bad=kv_bad)
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((q3, k3, v3), need)]
     _run_groups(lambda s: _backward(q3[s], k3[s], v3[s], g3[s], c, need, [None if x is None else x[s] for x in grads],
-                                    states=None if states is None else states[s].flatten(0, 1)), groups)
+                                    states=None if states is None else states[s].flatten(0, 1), kv_bad=kv_bad), groups)
     return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
 
 
@@ -250,31 +300,52 @@ def _compute_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def causal_product_grads(product, q, k, v, g, need=(True, True, True)):
+    """The causal product's gradients as causal products themselves, by `product(q, k, v)`:
+        grad q_i = sum_{j<=i} (g_i . v_j) k_j = product(g, v, k)_i
+        grad k_i = sum_{j>=i} (v_i . g_j) q_j,  grad v_i = sum_{j>=i} (k_i . q_j) g_j
+    the last two the product run backwards in time (on flipped sequences). Differentiable when
+    `product` is: the second derivatives' path of this backend and of the CuPy one."""
+    flip = lambda x: x.flip(-2)  # noqa: E731
+    qf, gf = (flip(q), flip(g)) if need[1] or need[2] else (None, None)
+    return (product(g, v, k) if need[0] else None, flip(product(flip(v), gf, qf)) if need[1] else None,
+            flip(product(flip(k), qf, gf)) if need[2] else None)
+
+
 class CausalDotProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, chunk_size, grad_enabled):
+    def forward(ctx, q, k, v, chunk_size, grad_enabled, out_dtype):
         ctx.chunk_size = chunk_size
         cd = _compute_dtype(q.dtype)
         # Autocast must not push the matmuls back down to bf16: the accumulation is the point.
         with torch.autocast(q.device.type, enabled=False):
             # grad q's chunk states are kept from here when it will be needed (only then: the
             # forward itself runs with grad off, so the caller's grad mode comes as an argument).
-            out, states = _grouped_forward(q.to(cd), k.to(cd), v.to(cd), chunk_size,
-                                           keep_states=grad_enabled and ctx.needs_input_grad[0])
+            out, ctx.kv_bad, states = _grouped_forward(q.to(cd), k.to(cd), v.to(cd), chunk_size,
+                                                       keep_states=grad_enabled and ctx.needs_input_grad[0])
         ctx.save_for_backward(q, k, v, states)
-        return out.to(q.dtype)
+        return out.to(out_dtype or q.dtype)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, g):
         q, k, v, states = ctx.saved_tensors
-        cd = _compute_dtype(q.dtype)
-        with torch.autocast(q.device.type, enabled=False):
-            grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), ctx.chunk_size,
-                                      ctx.needs_input_grad[:3], states)
-        return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v))) + (None, None)
+        cd, need = _compute_dtype(q.dtype), ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():
+            # create_graph: the gradients by this Function again, on the saved inputs (which keep
+            # their graph now), so that they are differentiable in turn; the fused backward below
+            # is once-only (in-place, out= and grad-free host threads).
+            product = lambda a, b, x: CausalDotProduct.apply(a, b, x, ctx.chunk_size, True, None)  # noqa: E731
+            grads = causal_product_grads(product, *(x.to(cd) for x in (q, k, v, g)), need)
+        else:
+            with torch.autocast(q.device.type, enabled=False):
+                grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), ctx.chunk_size, need, states,
+                                          kv_bad=ctx.kv_bad)
+        return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v))) + (None, None, None)
 
 
-def causal_dot_product_chunked(q, k, v, chunk_size=None):
+def causal_dot_product_chunked(q, k, v, chunk_size=None, out_dtype=None):
+    """out_dtype: the result's dtype, q's by default. The sums run in fp32 (fp64 for fp64) either
+    way, so torch.float32 gives half-precision inputs' sums unrounded (they overflow fp16 at
+    long N: the normalised attention divides them first)."""
     c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
-    return CausalDotProduct.apply(q, k, v, c, torch.is_grad_enabled())
+    return CausalDotProduct.apply(q, k, v, c, torch.is_grad_enabled(), out_dtype)

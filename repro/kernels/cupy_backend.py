@@ -11,7 +11,9 @@ torch.compile'd models and under autocast (it takes the dtype it is given: fp32,
 in, fp32 accumulation, the input dtype out). Kernels launch on torch's current stream.
 The backward is the paper's cumulative-sum form with no stored per-step states:
     grad q = causal(g, v, k),  grad k = reverse-causal(v, g, q),  grad v = reverse-causal(k, q, g)
-where reverse-causal runs the forward kernel backwards in time.
+where reverse-causal runs the forward kernel backwards in time. Under create_graph (second
+derivatives) the same gradients come from the differentiable forward op instead (on flipped
+sequences for reverse-causal), so they are differentiable in turn.
 """
 import math
 from collections import Counter
@@ -22,6 +24,7 @@ from torch import Tensor
 
 from repro.kernels import cuda_build
 from repro.kernels.backend import forced_backend
+from repro.kernels.chunked import causal_product_grads
 
 # THE SWITCH: True since the GPU kernel tests passed on an NVIDIA H100 80GB HBM3 (88, none skipped,
 # commit 239c217; results/gpu/NVIDIA_H100_80GB_HBM3/env/). Verify another GPU with
@@ -297,6 +300,9 @@ def _cdp_setup(ctx, inputs, output):
 
 
 def _cdp_grad(ctx, g):
+    if torch.is_grad_enabled():  # create_graph: the gradients by the differentiable forward op
+        q, k, v = ctx.saved_tensors
+        return causal_product_grads(_cdp, q, k, v, g.to(q.dtype), ctx.needs_input_grad)
     return _cdp_backward(*ctx.saved_tensors, g)
 
 
@@ -356,8 +362,27 @@ def _cla_setup(ctx, inputs, output):
     ctx.eps = eps
 
 
+def cla_grads(product, q, k, v, out, den, g, g_den, eps, need=(True, True, True)):
+    """_cla_backward's gradients by differentiable ops, the causal products by `product` (_cdp
+    here, the torch path in the CPU tests): second derivatives. out and den, saved outputs of
+    _cla, carry its graph; their gradients come back to _cla_grad as g and g_den."""
+    acc = torch.promote_types(q.dtype, torch.float32)  # fp32, as _cla_backward (fp64 in the tests)
+    e = den.to(acc) + eps  # (..., N)
+    g_num = g.to(acc) / e[..., None]  # (..., N, M)
+    g_d = -(g.to(acc) * out.to(acc)).sum(-1) / e
+    if g_den is not None:
+        g_d = g_d + g_den.to(acc)
+    v1 = torch.cat([v.to(acc), v.new_ones(*v.shape[:-1], 1, dtype=acc)], -1)  # (..., N, M + 1)
+    grad_q, grad_k, grad_v1 = causal_product_grads(product, q.to(acc), k.to(acc), v1,
+                                                   torch.cat([g_num, g_d[..., None]], -1), need)
+    grads = grad_q, grad_k, None if grad_v1 is None else grad_v1[..., :-1]  # v's part of [v, 1]
+    return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v)))
+
+
 def _cla_grad(ctx, g, g_den):
     q, k, v, out, den = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph: differentiable ops, the products by the forward op
+        return (*cla_grads(_cdp, q, k, v, out, den, g, g_den, ctx.eps, ctx.needs_input_grad), None)
     return (*_cla_backward(q, k, v, out, den, g, g_den, ctx.eps), None)
 
 
