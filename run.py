@@ -4,10 +4,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from repro.cli import jobs
+from repro.cli import jobs, rundir
 from repro.cli.config import ConfigError, in_multirun
 from repro.cli.logging import tee_to_job_log
-from repro.cli.preflight import preflight
+from repro.cli.preflight import is_multirun, preflight
 from repro.cli.validate import validate
 from repro.training import distributed
 
@@ -19,7 +19,9 @@ def main(cfg: DictConfig):
         try:
             if in_multirun():  # a single run's config was validated before Hydra started (preflight)
                 validate(cfg)
-            return hydra.utils.get_method(cfg.task._target_)(cfg)
+            result = hydra.utils.get_method(cfg.task._target_)(cfg)
+            jobs.fail_if_diverged()  # a non-finite loss: the task wrote its summaries; the job fails
+            return result
         except Exception as err:  # noqa: BLE001 (jobs.job_failed re-raises what is not the user's to fix)
             return jobs.job_failed(err)
 
@@ -27,7 +29,10 @@ def main(cfg: DictConfig):
 if __name__ == "__main__":
     try:
         # Under torchrun rank 0 fixes the run dir for all ranks (below); each rank must not pick its own.
-        sys.argv[1:] = preflight(sys.argv[1:], pin_sweep_dir=distributed.env_world_size() <= 1)
+        single_process = distributed.env_world_size() <= 1
+        sys.argv[1:] = preflight(sys.argv[1:], pin_sweep_dir=single_process)
+        if single_process:  # a named run dir or the pinned sweep dir: one run at a time, before Hydra writes
+            rundir.hold(sys.argv[1:], multirun=is_multirun(sys.argv[1:]))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

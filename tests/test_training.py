@@ -1,7 +1,9 @@
 """The shared training loop: schedule, exact resume, checkpoints (atomic, corrupt, mismatched),
 stopping on a signal, bad settings."""
+import io
 import os
 import pickle
+import re
 import signal
 import time
 from functools import partial
@@ -346,3 +348,57 @@ def test_a_step_reads_nothing_back_from_the_device_until_a_sync_point(compose_cf
     assert read_at == {3, 5, 10}
     rows = [r for r in read_jsonl(tmp_path / "results.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [5, 10] and all(r["watched"] == r["accuracy"] for r in rows)
+
+
+def test_a_checkpoint_damaged_after_it_was_written_is_refused(compose_cfg, tmp_path):
+    """Bytes zeroed inside last.pt used to load and resume on damaged optimizer state: the file's
+    SHA-256, written with it, is checked on load."""
+    train(compose_cfg, tmp_path / "ok", "trainer.max_steps=2")
+    path = tmp_path / "ok/checkpoints/last.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)  # zeroed in the middle, the length kept
+    path.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="corrupt: its SHA-256 does not match") as err:
+        load_checkpoint(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    buf = io.BytesIO()  # a checkpoint of the first format (no checksum, a partial fingerprint)
+    torch.save({"format": "repro-checkpoint-v1", "step": 2}, buf)
+    (tmp_path / "v1.pt").write_bytes(buf.getvalue())
+    with pytest.raises(ConfigError, match="first format.*train afresh"):
+        load_checkpoint(tmp_path / "v1.pt")
+
+
+@pytest.mark.parametrize("change", ["seed=1", "task.max_len=12", "trainer.optimizer.lr=0.001",
+                                    "trainer.precision=bfloat16"])
+def test_a_resume_with_another_setting_of_the_run_is_refused(compose_cfg, tmp_path, change):
+    """The seed, the task's settings, the optimizer and the precision are the run's own: a resume
+    that changes one is another run (it used to be accepted and labelled as this one). What may
+    change (MAY_CHANGE_ON_RESUME: limits, logging, evaluation cadence, where results go) does."""
+    train(compose_cfg, tmp_path / "ok", "trainer.max_steps=2")
+    key = change.split("=")[0]
+    with pytest.raises(ConfigError, match=f"does not match this run: {re.escape(key)} is"):
+        train(compose_cfg, tmp_path / "x", "trainer.max_steps=3", change, f"trainer.resume={tmp_path / 'ok'}")
+    rows = train(compose_cfg, tmp_path / "y", "trainer.max_steps=3", "trainer.log_every=1", "trainer.eval_every=1",
+                 "trainer.max_time_s=600", f"trainer.resume={tmp_path / 'ok'}")
+    assert rows[-1]["status"] == "ok" and rows[-1]["steps"] == 3
+
+
+def test_csv_metrics_carry_on_across_a_resume(compose_cfg, tmp_path):
+    """logger=csv: a resumed run's metrics.csv starts with the earlier run's rows up to the
+    checkpoint (it used to start afresh, the steps before the resume gone), in a new run dir and
+    continuing in place; rows a killed run logged past its checkpoint are replaced."""
+    import pandas as pd
+
+    csv = ["logger=csv", "trainer.log_every=1", "trainer.eval_every=0", "trainer.scheduler.milestones=[6]"]
+    train(compose_cfg, tmp_path / "whole", *csv, "trainer.max_steps=8")
+    train(compose_cfg, tmp_path / "first", *csv, "trainer.max_steps=4")
+    whole = pd.read_csv(tmp_path / "whole/metrics.csv")
+    with open(tmp_path / "first/metrics.csv", "a") as f:  # as if killed after logging step 5
+        f.write(",".join(str(v) for v in whole.iloc[4].tolist()).replace("nan", "") + "\n")
+    train(compose_cfg, tmp_path / "rest", *csv, "trainer.max_steps=8", f"trainer.resume={tmp_path / 'first'}")
+    rest = pd.read_csv(tmp_path / "rest/metrics.csv")
+    train_rows = lambda df: df[df["train/loss"].notna()]  # noqa: E731 (the final row: no train/loss)
+    assert train_rows(rest).step.tolist() == train_rows(whole).step.tolist() == list(range(1, 9))
+    pd.testing.assert_series_equal(train_rows(rest)["train/loss"].reset_index(drop=True),
+                                   train_rows(whole)["train/loss"].reset_index(drop=True))
+    assert rest.step.tolist() == whole.step.tolist()  # the first run's final row is not carried on

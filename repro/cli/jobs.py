@@ -2,8 +2,8 @@
 
 An error that is the user's to fix (ConfigError, a constructor's error through Hydra's
 instantiate, RunFailed) is one line, `error: ...`, on a line of its own (open progress bars are
-closed first). A single run then exits (2 for a bad config, 1 for a run that produced nothing)
-and leaves no run dir behind if nothing but Hydra's own files is in it. A job of a sweep
+closed first). A single run then exits (2 for a bad config, 1 for a run that produced nothing or
+diverged) and leaves no run dir behind if nothing but Hydra's own files is in it. A job of a sweep
 instead records its failure (<job dir>/failed.json: its overrides and the line; another error
 also prints its traceback) and returns, so the sweep goes on; at the sweep's end
 repro.cli.callbacks lists the failed jobs and run.py exits 1.
@@ -17,8 +17,10 @@ from pathlib import Path
 from hydra.errors import InstantiationException
 
 from repro.cli.config import ConfigError, RunFailed, in_multirun
+from repro.cli.rundir import LOCK
 from repro.common.results import atomic_write
 from repro.training.distributed import is_main
+from repro.training.stopping import DIVERGED
 
 FAILED_FILE = "failed.json"
 failed_jobs: list[dict] = []  # in the launching process, after a sweep: its failed jobs
@@ -49,6 +51,15 @@ def _job_dir() -> Path:
 
 def job_started():
     (_job_dir() / FAILED_FILE).unlink(missing_ok=True)  # a sweep rerun into the same dir
+    DIVERGED.clear()  # the jobs of a sweep can share one process
+
+
+def fail_if_diverged():
+    """After the task returned: a run that ended on a non-finite loss fails its job (its rows,
+    summaries and last checkpoint are kept)."""
+    if DIVERGED:
+        raise RunFailed(f"the run diverged: {'; '.join(DIVERGED)} (its rows, summaries and any earlier checkpoint "
+                        "are kept; a lower learning rate or gradient clipping may help)")
 
 
 def job_failed(err: Exception):
@@ -74,9 +85,9 @@ def job_failed(err: Exception):
 
 
 def _remove_if_empty(run_dir: Path):
-    """Remove a run dir holding only what Hydra writes (.hydra/, the job's log), and its
+    """Remove a run dir holding only what Hydra writes (.hydra/, the job's log) and its lock, and its
     parents that this left empty, up to the working directory."""
-    if not run_dir.is_dir() or any(p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()):
+    if not run_dir.is_dir() or any(p.name not in (".hydra", LOCK) and p.suffix != ".log" for p in run_dir.iterdir()):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
     cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent

@@ -35,20 +35,60 @@ class NullLogger:
 
 
 class CSVLogger(NullLogger):
-    """Appends every log() call to <run_dir>/metrics.csv (columns grow as new keys appear)."""
+    """Appends every log() call to <run_dir>/metrics.csv (columns grow as new keys appear). A
+    resumed run (trainer.resume) starts from the metrics.csv beside the checkpoint it resumes:
+    its rows before the first step this run logs (rows past the checkpoint, from a run killed
+    after it, are logged again and replaced), as results.jsonl does, without that run's final row."""
 
     def __init__(self, run_dir, run_config=None, filename: str = "metrics.csv", **_):
         super().__init__(run_dir)
         self.path = self.run_dir / filename
         self.rows: list[dict] = []
+        self.earlier = _resumed_metrics(run_config, filename, self.run_dir)
 
     def log(self, metrics, step=None):
+        if self.earlier is not None:  # the first row of a resumed run: the earlier ones before it
+            self.rows = [r for r in self.earlier if (step is None or r["step"] is None or r["step"] < step)
+                         and not any(k.startswith("final/") for k in r)]  # an earlier segment's end: not this run's
+            self.earlier = None
         self.rows.append({"step": step, **metrics})
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
         with open(self.path, "w", newline="") as f:
             w = csv.DictWriter(f, keys)
             w.writeheader()
             w.writerows(self.rows)
+
+
+def _resumed_metrics(run_config, filename, run_dir) -> list[dict] | None:
+    """The rows of the metrics CSV beside the checkpoint this run resumes (trainer.resume, or the
+    run dir's own: a sweep's job run again in place), or None for a fresh run."""
+    from repro.training.checkpoint import LAST, find_checkpoint
+
+    resume = ((run_config or {}).get("trainer") or {}).get("resume")
+    resume = resume or (run_dir if (run_dir / LAST).is_file() else None)
+    if not resume:
+        return None
+
+    try:
+        ckpt = find_checkpoint(resume)
+    except Exception:  # noqa: BLE001 (the trainer reports a bad trainer.resume in its own words)
+        return None
+    source = (ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent) / filename
+    if not source.is_file():
+        return []
+    with open(source, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:  # back to numbers (csv gives strings; an empty cell: a key this row lacked)
+        for k, v in list(r.items()):
+            if v in ("", None):
+                del r[k]
+                continue
+            try:
+                r[k] = int(float(v)) if k == "step" else float(v)
+            except ValueError:
+                pass
+        r.setdefault("step", None)
+    return rows
 
 
 class WandbLogger(NullLogger):

@@ -183,7 +183,8 @@ def aggregate(rows, out_dir) -> pd.DataFrame:
         atomic_write(d / "copy_curves.csv", c.to_csv(index=False))
         atomic_write(d / "copy_final.csv", f.to_csv(index=False))
         atomic_write(d / "table.txt", text + "\n")
-        plot_curves(c, df, d / "copy_curves.png")
+        if not c.empty:  # a run that diverged before its first logged row has no curve
+            plot_curves(c, df, d / "copy_curves.png")
         if df.max_len.nunique() > 1:
             plot_lengths(f, df, d / "copy_lengths.png")
     return f

@@ -2,7 +2,12 @@
 scheduler, step, data stream position, every RNG state, how many result rows preceded it, the
 logging window, the last evaluation, and elapsed_s: the seconds of training so far, where a
 resume's clock starts), written atomically (the whole file, then a rename), and read back with
-one-line errors."""
+one-line errors. Each file ends with a SHA-256 of everything before it, checked on load: a file
+damaged after it was written (bytes zeroed, a bad copy) is refused, not resumed from.
+Checkpoints of the first format (repro-checkpoint-v1: no checksum, a fingerprint of the model
+and attention alone) are refused with a line saying so: resume them with the commit that wrote
+them, or train afresh."""
+import hashlib
 import io
 import random
 from pathlib import Path
@@ -13,7 +18,8 @@ import torch
 from repro.cli.config import ConfigError
 from repro.common.results import atomic_write
 
-FORMAT = "repro-checkpoint-v1"
+FORMAT = "repro-checkpoint-v2"
+TRAILER = b"\nrepro-sha256:"  # + 64 hex digits + b"\n", after torch.save's bytes
 LAST = "checkpoints/last.pt"  # relative to a run dir
 
 
@@ -37,7 +43,21 @@ def set_rng_state(state: dict):
 def save_checkpoint(path, state: dict):
     buf = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buf)
-    atomic_write(path, buf.getvalue())
+    data = buf.getvalue()
+    atomic_write(path, data + TRAILER + hashlib.sha256(data).hexdigest().encode() + b"\n")
+
+
+def _payload(path: Path) -> bytes:
+    """torch.save's bytes, checked against the trailer's SHA-256 (None: the file has no trailer)."""
+    data = path.read_bytes()
+    cut = len(data) - len(TRAILER) - 65
+    if cut < 0 or data[cut:cut + len(TRAILER)] != TRAILER:
+        return None
+    payload, digest = data[:cut], data[cut + len(TRAILER):-1].decode("ascii", "replace")
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise ConfigError(f"checkpoint {path} is corrupt: its SHA-256 does not match the one written with it "
+                          "(damaged after it was saved); resume from another checkpoint or train afresh")
+    return payload
 
 
 def find_checkpoint(path) -> Path:
@@ -64,13 +84,19 @@ def check_run_dir(run_dir, resume):
 
 def load_checkpoint(path) -> dict:
     path = find_checkpoint(path)
+    payload = _payload(path)
     try:
         # Our own files: they hold Python/NumPy RNG tuples and lr-scheduler Counters.
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(io.BytesIO(payload) if payload is not None else path, map_location="cpu",
+                           weights_only=False)
     except Exception as err:  # truncated, not a torch file, unpicklable: all the same to the user
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"checkpoint {path} is corrupt or not a checkpoint: {msg[:200]}") from err
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if isinstance(state, dict) and state.get("format") == "repro-checkpoint-v1":
+        raise ConfigError(f"checkpoint {path} is of the first format (repro-checkpoint-v1: no checksum, and a "
+                          "fingerprint of the model and attention alone, so its other settings cannot be checked); "
+                          "resume it with the commit that wrote it, or train afresh")
+    if not isinstance(state, dict) or state.get("format") != FORMAT or payload is None:
         raise ConfigError(f"checkpoint {path} is not a {FORMAT} checkpoint "
                           f"(format {state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
     state["path"] = path
@@ -78,7 +104,8 @@ def load_checkpoint(path) -> dict:
 
 
 def check_fingerprint(ckpt: dict, fingerprint: dict):
-    """A checkpoint only resumes the run it came from: same task, model and attention."""
+    """A checkpoint only resumes the run it came from: every setting but those that may change
+    on a resume (repro.training.parts.MAY_CHANGE_ON_RESUME) as it was."""
     old = ckpt.get("fingerprint", {})
     diff = [k for k in sorted(set(old) | set(fingerprint)) if old.get(k) != fingerprint.get(k)]
     if diff:

@@ -123,12 +123,27 @@ def rows_last(rows, kind, key):
     return next((r[key] for r in reversed(rows) if r["kind"] == kind and key in r), None)
 
 
+# What a resume may change: how long and how far it trains, what it logs, evaluates and writes
+# where (its own run dir included), and the hardware it runs on. Every other setting (the seed,
+# the task's data and sizes, the model, the attention, the optimizer and its schedule, precision,
+# gradient clipping) is the run's own, and a checkpoint resumes only a run that has them all as
+# they were.
+MAY_CHANGE_ON_RESUME = ("trainer.max_steps", "trainer.max_time_s", "trainer.log_every", "trainer.eval_every",
+                        "trainer.eval_batches", "trainer.checkpoint", "trainer.checkpoint_every", "trainer.resume",
+                        "trainer.progress", "trainer.threads", "trainer.compile", "trainer.compile_backend",
+                        "task.label", "task.publish", "task.out_dir", "run_dir", "logger", "device", "hydra")
+
+
 def default_fingerprint(cfg) -> dict:
-    """Flattened model and attention settings and the task's name."""
-    out = {"task": cfg.task.get("name")}
-    for group in ("model", "attention"):
-        node = cfg.get(group)
-        if node is not None:
-            for k, v in OmegaConf.to_container(node, resolve=True).items():
-                out[f"{group}.{k}"] = v
-    return out
+    """Every setting of the run, flattened (`trainer.optimizer.lr`), but MAY_CHANGE_ON_RESUME."""
+    def flat(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from flat(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            yield prefix, node
+
+    container = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+                 for k, v in cfg.items() if k != "hydra"}  # each node resolved against the whole config
+    return {k: v for k, v in flat(container, "")
+            if not any(k == m or k.startswith(m + ".") for m in MAY_CHANGE_ON_RESUME)}

@@ -7,12 +7,18 @@ the shell's status for that signal (130 for SIGINT, 143 for SIGTERM), without a 
 process started with SIGINT ignored (a background job of a script) is stopped by it all the
 same, since someone sent it on purpose, and exits 130 too. At the time limit (a planned end,
 exit status 0) the line says how to train on: the same command, resuming, with a larger limit.
+A run whose loss turns non-finite ends too (status `error: non-finite loss ...`): its task writes
+its summaries, then run.py fails the job with one line (DIVERGED, repro.cli.jobs.fail_if_diverged).
 """
 import shlex
 import signal
 import sys
 import threading
 from contextlib import contextmanager
+
+# This job's runs that ended on a non-finite loss, "<run dir>: <what>" (Trainer.finish): their rows,
+# summaries and last checkpoint stay for inspection, and run.py then fails the job.
+DIVERGED: list[str] = []
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

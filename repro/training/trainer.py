@@ -68,7 +68,7 @@ from repro.training.parts import (
 )
 from repro.training.parts import evaluate as held_out_means
 from repro.training.rows import RowLog, resumed_history
-from repro.training.stopping import exit_stopped, stop_on_signals, time_limit_line
+from repro.training.stopping import DIVERGED, exit_stopped, stop_on_signals, time_limit_line
 from repro.training.threads import set_threads
 
 
@@ -365,6 +365,8 @@ class Trainer:
             self.last_eval = self.evaluate()
         if t.checkpoint and not self.status.startswith(("oom", "error")):
             self.checkpoint()  # at exit: what a resume continues from
+        if self.status.startswith("error"):  # the task still writes its summaries; then run.py fails the job
+            DIVERGED.append(f"{self.run_dir}: {self.status[len('error: '):]}")
         final = self.emit("final", self._final_metrics())
         self.rows.close()
         self.logger.finish()

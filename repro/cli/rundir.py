@@ -1,0 +1,82 @@
+"""One run per directory. A run started with `hydra.run.dir=D`, and every sweep (its pinned
+`hydra.sweep.dir`), holds an exclusive lock on its directory (`D/.lock`, an flock, with the
+owner's pid, host, start time and command line written in it) from before Hydra writes anything
+there (.hydra/, run.log) until the process ends. A second run into a held directory exits 2 with
+one line naming the owner and touches nothing. The operating system releases the lock when its
+owner dies (kill -9 included), so a lock left by a dead process is stale by construction: the
+next run takes it. A run into a directory that holds a finished run's checkpoint is refused here
+too, before Hydra rewrites that run's record, unless trainer.resume names it.
+
+Default run directories carry ${uid:} and never collide. Under torchrun (several ranks share
+one run directory) no lock is taken. On a network file system the lock is as good as its flock.
+"""
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from repro.common.errors import ConfigError
+
+LOCK = ".lock"
+_held = []  # this process's open lock files: the lock lasts while the file stays open
+
+
+def _override(argv, key):
+    """The value of the last `key=value` override in argv (Hydra's quoting undone), or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    lines = [a for a in argv if a.split("=", 1)[0].lstrip("+~") == key]
+    if not lines:
+        return None
+    try:
+        value = OverridesParser.create().parse_overrides([lines[-1]])[0].value()
+    except Exception:  # noqa: BLE001 (a syntax error: Hydra reports it in its own words)
+        return None
+    return value if isinstance(value, str) else None
+
+
+def lock(directory, what: str) -> Path:
+    """Take `directory`'s lock for this process (made if missing) or raise ConfigError."""
+    d = Path(directory).resolve()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        f = open(d / LOCK, "a+")
+    except OSError as err:
+        raise ConfigError(f"cannot use {d} as the {what} directory: {err.strerror or err}") from err
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        try:
+            owner = json.loads(f.read() or "{}")
+        except ValueError:
+            owner = {}
+        f.close()
+        who = (f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}" if owner
+               else "owner unknown")
+        raise ConfigError(f"{d} is in use by another run ({who}): wait for it to end, or choose another "
+                          f"directory (hydra.run.dir, hydra.sweep.dir)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv}) + "\n")
+    f.flush()
+    _held.append(f)
+    return d
+
+
+def hold(argv: list[str], multirun: bool):
+    """Before Hydra starts: lock the run's named directory or the sweep's pinned one (see the
+    module docstring). Raises ConfigError."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    directory = _override(argv, key)
+    if directory is None or "${" in directory:  # Hydra's default (with ${uid:}): a fresh directory
+        return None
+    if not multirun:
+        from repro.training.checkpoint import check_run_dir
+
+        check_run_dir(Path(directory), _override(argv, "trainer.resume"))
+    return lock(directory, "sweep" if multirun else "run")

@@ -1,0 +1,41 @@
+"""A run whose loss turns non-finite fails: one line, exit 1 (a sweep: that job's failed.json and
+exit 1 at the end, the other jobs unaffected), with its rows and summaries kept and marked."""
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+
+from repro.common.results import REPO, read_jsonl
+
+ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",
+        "trainer.log_every=5", "trainer.eval_every=0", "trainer.max_steps=10", "trainer.progress=false"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
+
+
+def run(*args, multirun=False):
+    argv = [sys.executable, "run.py", *(["-m"] if multirun else []), *ARGS, *args]
+    return subprocess.run(argv, cwd=REPO, env=ENV, text=True, capture_output=True, timeout=600)
+
+
+def test_a_diverged_run_exits_1_with_one_line_and_keeps_its_rows(tmp_path):
+    res = run("trainer.optimizer.lr=inf", f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 1, res.stderr[-2000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "the run diverged" in errors[0] and "non-finite loss" in errors[0], res.stderr
+    assert "Traceback" not in res.stderr
+    final = [r for r in read_jsonl(tmp_path / "results.jsonl") if r["kind"] == "final"]
+    assert final and final[0]["status"].startswith("error: non-finite loss")
+    summary = pd.read_csv(tmp_path / "copy_final.csv")
+    assert summary.status.str.startswith("error: non-finite loss").all()
+
+
+def test_a_diverged_job_fails_its_sweep_and_only_itself(tmp_path):
+    res = run("trainer.optimizer.lr=inf,1e-3", f"hydra.sweep.dir={tmp_path}", multirun=True)
+    assert res.returncode == 1, res.stderr[-2000:]
+    failed = json.loads((tmp_path / "0" / "failed.json").read_text())
+    assert "the run diverged" in failed["error"] and "trainer.optimizer.lr=inf" in failed["overrides"]
+    assert not (tmp_path / "1" / "failed.json").exists()
+    ok = [r for r in read_jsonl(tmp_path / "1" / "results.jsonl") if r["kind"] == "final"]
+    assert ok[0]["status"] == "ok"

@@ -1,0 +1,65 @@
+"""One run per directory (repro.cli.rundir): a run or sweep into a directory that another process
+holds, or into a finished run's directory, exits 2 with one line before Hydra writes anything;
+a lock whose owner is gone does not block."""
+import json
+import os
+import subprocess
+import sys
+
+from repro.cli import rundir
+from repro.common.results import REPO
+
+ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",
+        "trainer.log_every=5", "trainer.eval_every=0", "trainer.max_steps=6", "trainer.progress=false"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
+
+
+def run(*args, multirun=False):
+    argv = [sys.executable, "run.py", *(["-m"] if multirun else []), *ARGS, *args]
+    return subprocess.run(argv, cwd=REPO, env=ENV, text=True, capture_output=True, timeout=600)
+
+
+def tree(d):
+    return sorted((str(p.relative_to(d)), p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*"))
+
+
+def one_error_line(res):
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    return errors[0]
+
+
+def test_a_run_into_a_directory_held_by_another_exits_2_and_touches_nothing(tmp_path):
+    held = tmp_path / "run"
+    rundir.lock(held, "run")  # this process owns it, as a running run would
+    (held / "results.jsonl").write_text('{"kind": "train"}\n')
+    before = tree(held)
+    res = run(f"hydra.run.dir={held}")
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert str(held) in line and f"pid {os.getpid()}" in line and "in use by another run" in line
+    assert tree(held) == before  # no .hydra/, no run.log, the rows as they were
+    sweep = tmp_path / "sweep"
+    rundir.lock(sweep, "sweep")
+    res = run("trainer.max_steps=3,4", f"hydra.sweep.dir={sweep}", multirun=True)
+    assert res.returncode == 2 and "in use by another run" in one_error_line(res)
+    assert [p.name for p in sweep.iterdir()] == [rundir.LOCK]
+
+
+def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / rundir.LOCK).write_text(json.dumps({"pid": 999999, "host": "gone", "started": "long ago"}) + "\n")
+    res = run(f"hydra.run.dir={d}", "trainer.checkpoint=false")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((d / rundir.LOCK).read_text())["pid"] != 999999  # the new owner's
+
+
+def test_a_run_into_a_finished_runs_directory_is_refused_before_hydra_rewrites_its_record(tmp_path):
+    d = tmp_path / "run"
+    assert run(f"hydra.run.dir={d}").returncode == 0
+    assert (d / "checkpoints" / "last.pt").is_file()
+    before = tree(d)
+    res = run(f"hydra.run.dir={d}", "seed=1")
+    assert res.returncode == 2 and "already holds a run's checkpoint" in one_error_line(res)
+    assert tree(d) == before  # .hydra/overrides.yaml and run.log untouched
