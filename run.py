@@ -1,15 +1,34 @@
 """Entry point: python run.py task=... attention=... [-m for sweeps]. See README.md."""
+import signal
 import sys
 
-import hydra
-from omegaconf import DictConfig
 
-from repro.cli import jobs, rundir
-from repro.cli.config import ConfigError, in_multirun
-from repro.cli.logging import tee_to_job_log
-from repro.cli.preflight import is_multirun, preflight
-from repro.cli.validate import validate
-from repro.training import distributed
+def _stop_at_once(signum, _frame):
+    """SIGINT/SIGTERM outside the training loop (start-up, data loading, a benchmark, the summaries:
+    the loop's own handlers checkpoint first): one line and the shell's status, no traceback. Set
+    for SIGINT too when the process started with it ignored (a background job): it was sent on
+    purpose (repro.training.stopping does the same inside the loop)."""
+    name = signal.Signals(signum).name
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()  # the line below on a line of its own, and last
+    print(f"error: stopped by {name} outside the training loop (no checkpoint written at this point)",
+          file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
+
+
+for _s in (signal.SIGINT, signal.SIGTERM):  # first, before the imports: they take seconds
+    signal.signal(_s, _stop_at_once)
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from repro.cli import jobs, rundir  # noqa: E402
+from repro.cli.config import ConfigError, in_multirun  # noqa: E402
+from repro.cli.logging import tee_to_job_log  # noqa: E402
+from repro.cli.preflight import is_multirun, preflight  # noqa: E402
+from repro.cli.validate import validate  # noqa: E402
+from repro.training import distributed  # noqa: E402
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

@@ -5,6 +5,7 @@ import re
 import shutil
 
 import pandas as pd
+import pytest
 
 from repro.common import paper
 from repro.common.results import REPO
@@ -450,7 +451,7 @@ def test_text_in_a_number_column_and_a_torn_csv_fail_naming_the_file(tmp_path):
     with pytest.raises(SchemaError, match=r"fig1/benchmark\.csv, line 4: column 'mem_per_sample_mb' holds 'twenty'"):
         build(tmp_path, tmp_path / "REPORT.md")
     path.write_text('attention,n\n"linear,4096\n')  # a quote never closed
-    with pytest.raises(SchemaError, match=r"fig1/benchmark\.csv: not a readable CSV"):
+    with pytest.raises(SchemaError, match=r"fig1/benchmark\.csv(: not a readable CSV|, line 2: 1 fields where)"):
         build(tmp_path, tmp_path / "REPORT.md")
 
 
@@ -509,3 +510,40 @@ def test_a_folder_of_several_commands_shows_each_as_its_own_span(tmp_path):
     assert code(command(a, tmp_path)) == "`python run.py attention=softmax seed=0`; `python run.py attention=linear`"
     assert commands_of([a, b], tmp_path) == ("`python run.py attention=softmax seed=0`; "
                                              "`python run.py attention=linear`; `python run.py attention=lsh-1`")
+
+
+@pytest.mark.parametrize("damage", ["torn_csv", "short_row", "empty_csv", "torn_json", "bad_jsonl_line"])
+def test_a_damaged_results_file_stops_the_report_with_one_line_naming_it(tmp_path, damage, capsys):
+    """A torn last line of figure1-cpu/benchmark.csv used to retitle its section and drop a row; a
+    torn copy_final.csv turned both Figure 2 verdicts around (NaN compared as a number); a torn
+    JSON or JSONL, or an empty CSV, gave a traceback. Each is now one line naming the file (and the
+    line), and nothing is written."""
+    results = tmp_path / "results"
+    shutil.copytree(REPO / "results", results)
+    before = (results / "REPORT.md").read_text()
+    path, expect = {
+        "torn_csv": ("figure1-cpu/benchmark.csv", r"figure1-cpu/benchmark.csv, line \d+: the last line is cut off"),
+        "short_row": ("copy/figure2_n128_cpu/copy_final.csv", r"copy_final.csv, line 3: \d+ fields where the header"),
+        "empty_csv": ("figure1-cpu/empty.csv", r"empty.csv: not a readable CSV"),
+        "torn_json": ("figure1-cpu/summary.json", r"figure1-cpu/summary.json, line \d+: not valid JSON"),
+        "bad_jsonl_line": ("images/mnist_claims_seeds_cpu/image_rows.jsonl",
+                           r"image_rows.jsonl: line 2 is not valid JSON"),
+    }[damage]
+    f = results / path
+    if damage == "torn_csv" or damage == "torn_json":
+        f.write_text(f.read_text()[:-15])
+    elif damage == "short_row":
+        lines = f.read_text().split("\n")
+        lines[2] = lines[2].rsplit(",", 1)[0]  # one field fewer, the newline kept
+        f.write_text("\n".join(lines))
+    elif damage == "empty_csv":
+        f.write_text("")
+    else:
+        lines = f.read_text().split("\n")
+        lines[1] = lines[1][: len(lines[1]) // 2]
+        f.write_text("\n".join(lines))
+    with pytest.raises(SystemExit) as stop:
+        main(["--results", str(results)])
+    line = str(stop.value.code)
+    assert line.startswith("error: ") and "\n" not in line and re.search(expect, line), line
+    assert (results / "REPORT.md").read_text() == before

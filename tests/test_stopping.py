@@ -53,3 +53,27 @@ def test_sigterm_ctrl_c_and_ignored_sigint_stop_with_a_checkpoint_and_one_line(c
     run(compose_cfg(*command[2:], f"trainer.max_steps={step + 2}", f"+task.out_dir={tmp_path / 'resumed'}"))
     rows = read_jsonl(tmp_path / "resumed/results.jsonl")
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, step + 3))
+
+
+def test_a_signal_outside_the_training_loop_stops_with_one_line(tmp_path):
+    """Ctrl-C during start-up or a benchmark used to print a traceback, and a SIGINT to a run
+    started with SIGINT ignored (a background job) was lost: the run went on and exited 0. Outside
+    the loop a signal now ends the run at once: one line, 130 (SIGINT) or 143 (SIGTERM)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
+    cases = {"int": (signal.SIGINT, False), "int-ignored": (signal.SIGINT, True), "term": (signal.SIGTERM, False)}
+    procs = {name: subprocess.Popen(
+        [sys.executable, "run.py", "experiment=smoke_benchmark", "task.time_budget_s=600",
+         f"hydra.run.dir={tmp_path / name}"], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore else None)
+        for name, (_, ignore) in cases.items()}
+    deadline = time.time() + 120
+    while time.time() < deadline and not all((tmp_path / n / ".hydra").is_dir() for n in cases):
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the benchmark: no training loop, no checkpoint
+    for name, (sig, _) in cases.items():
+        procs[name].send_signal(sig)
+    for name, (sig, _) in cases.items():
+        _, err = procs[name].communicate(timeout=120)
+        assert procs[name].returncode == 128 + sig, err[-2000:]
+        assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+            f"error: stopped by {sig.name} outside the training loop (no checkpoint written at this point)"), err

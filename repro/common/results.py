@@ -93,7 +93,13 @@ def read_jsonl(path):
     """The rows of a JSONL file. A torn last line (no newline, not valid JSON: a run killed while
     appending, repro.training.rows) is left out; any other bad line is an error."""
     lines = Path(path).read_text().split("\n")
-    rows = [json.loads(line) for line in lines[:-1] if line.strip()]
+    rows = []
+    for i, line in enumerate(lines[:-1], 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"line {i} is not valid JSON ({err.msg})") from err
     if lines[-1].strip():  # no newline after the last line: whole if it parses, torn if not
         try:
             rows.append(json.loads(lines[-1]))

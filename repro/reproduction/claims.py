@@ -19,6 +19,7 @@ import pandas as pd
 
 from repro.common import paper
 from repro.common.results import REPO
+from repro.reproduction.report.schema import read_json, read_rows
 from repro.reproduction.verdicts import CONTRADICTED, MEASURED, REPRODUCED, UNDECIDED, Seeds, below, reaches, slopes
 
 NOT_REPRODUCED, NOT_TESTABLE = "not reproduced", "not testable here"  # the single-run speed claims
@@ -104,7 +105,7 @@ def copy_claims(results: Path) -> list[Claim]:
     path = results / folder / "copy_rows.jsonl"
     if not path.exists():
         return [_missing(c1, p1, folder), _missing(c2, "curves only", folder)]
-    rows = pd.read_json(path, lines=True)
+    rows = pd.DataFrame(read_rows(path, results))
     final = _seeds(rows[rows.kind == "final"], "eval_loss")
     evals = rows[rows.kind == "eval"]
     curves = _seed_curves(evals, "loss")
@@ -160,7 +161,7 @@ def mnist_claims(results: Path) -> list[Claim]:
     path = results / folder / "image_rows.jsonl"
     if not path.exists():
         return [_missing(c1, p1, folder), _missing(c2, p2, folder)]
-    rows = pd.read_json(path, lines=True)
+    rows = pd.DataFrame(read_rows(path, results))
     evals = rows[(rows.kind == "eval") & rows.attention.isin(order)].dropna(subset=["bits_per_dim"])
     missing = [a for a in order if a not in set(evals.attention)]
     if missing:
@@ -207,9 +208,7 @@ def figure1_claim(results: Path) -> Claim:
     path = results / folder / "summary.json"
     if not path.exists():
         return _missing(claim, paper_text, folder)
-    import json
-
-    s = json.loads(path.read_text())
+    s = read_json(path, results)
     att, cross = s["attentions"], s.get("crossovers", {})
     if not {"linear", "softmax-math"} <= set(att):
         return Claim(claim, paper_text, f"`{folder}` lacks linear or softmax-math", f"{NOT_TESTABLE}: not run")
@@ -245,7 +244,7 @@ def asr_claim(results: Path) -> Claim:
     col = "cpu_s_per_epoch" if "cpu_s_per_epoch" in t and t.cpu_s_per_epoch.notna().all() else "s_per_epoch"
     ratios = {b: t.loc[b, col] / t.loc["linear", col] for b in ("softmax", "softmax-math") if b in t.index}
     base = "softmax-math" if "softmax-math" in ratios else "softmax"  # the paper's 2020 softmax materialised (N, N)
-    rows = pd.read_json(results / folder / "asr_rows.jsonl", lines=True).iloc[0]
+    rows = pd.DataFrame(read_rows(results / folder / "asr_rows.jsonl", results)).iloc[0]
     size = (f"batch {rows.batch_size}, {rows.model_n_layers} layers x {rows.model_n_heads} heads x "
             f"{rows.model_d_model // rows.model_n_heads}")
     per_update = t[col] * t.epochs / t.steps  # the time per update the epoch was extrapolated from

@@ -12,7 +12,7 @@ from repro.common.results import REPO, atomic_write
 from repro.reproduction import report as package
 from repro.reproduction.report import images
 from repro.reproduction.report.format import code, command, hw_class
-from repro.reproduction.report.schema import current_files, read_checked
+from repro.reproduction.report.schema import SchemaError, current_files, read_checked
 
 
 @dataclass
@@ -131,6 +131,10 @@ def main(argv=None):
                 atomic_write(page, text)
                 print(f"wrote {page}")
     targets = [results / "REPORT.md"] + ([Path(args.out)] if args.out else [])
-    for target in targets:
-        atomic_write(target, build(results, target))
+    try:
+        pages = [(target, build(results, target)) for target in targets]  # all read before any is written
+    except SchemaError as err:  # a damaged results file: one line naming it, nothing written
+        raise SystemExit(f"error: {err}") from None
+    for target, text in pages:
+        atomic_write(target, text)
         print(f"wrote {target}")

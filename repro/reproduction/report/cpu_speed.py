@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro.reproduction.report.format import code, md_table
-from repro.reproduction.report.schema import Table
+from repro.reproduction.report.schema import Table, read_json
 
 TABLES = [Table("cpu_speed_*.csv", {"measure": str, "method": str, "threads": float, "device": str, "dtype": str},
                 {"n": float, "ms": float, "status": str})]
@@ -97,7 +97,7 @@ def cpu_speed(ctx) -> str:
            "count under results/:"]
     for path, df in runs:
         meta = path.with_suffix(".json")
-        command = json.loads(meta.read_text()).get("command") if meta.is_file() else None
+        command = read_json(meta, ctx.root).get("command") if meta.is_file() else None
         loads = [json.loads(v)[0] for v in df.load_avg_1_5_15.dropna()] if "load_avg_1_5_15" in df else []
         sha = df.git_sha.dropna().iloc[0] if "git_sha" in df and df.git_sha.notna().any() else "?"
         threads = int(df.threads.iloc[0])

@@ -1,10 +1,9 @@
 """Figure 1: time and memory of one attention layer against sequence length (task=benchmark's
 benchmark.csv and summary.json)."""
-import json
 
 from repro.common import paper
 from repro.reproduction.report.format import code, command, hardware, md_table
-from repro.reproduction.report.schema import Table, named
+from repro.reproduction.report.schema import Table, named, read_json
 
 TABLES = [Table("benchmark.csv",
                 {"attention": str, "n": float, "time_per_sample_ms": float, "mem_per_sample_mb": float},
@@ -37,7 +36,7 @@ def figure1(ctx) -> str:
         if rows:
             out.append(md_table(["paper's attention", "ours", "N", "paper ms/sample", "our ms/sample",
                                  "paper MB/sample", "our MB/sample"], rows))
-        summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
+        summary = read_json(folder / "summary.json", root) if (folder / "summary.json").is_file() else {}
         slopes = []
         for att, s in summary.get("attentions", {}).items():
             theirs = paper.FIGURE1_PAPER_NAME.get(att, att)

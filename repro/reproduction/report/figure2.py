@@ -3,7 +3,7 @@ import pandas as pd
 
 from repro.common import paper
 from repro.reproduction.report.format import code, command, hardware, md_table
-from repro.reproduction.report.schema import Table, named
+from repro.reproduction.report.schema import Table, named, read_rows
 
 TABLES = [Table("copy_final.csv", {"max_len": float, "attention": str},
                 {"n_seeds": float, "steps": float, "eval_loss": float, "eval_accuracy": float,
@@ -19,7 +19,7 @@ def figure2(ctx) -> str:
         return "\n\n".join(out + ["not yet run"])
     for folder, df in found:
         rows_file = folder / "copy_rows.jsonl"
-        hw = hardware(pd.read_json(rows_file, lines=True)) if rows_file.is_file() else hardware(df)
+        hw = hardware(pd.DataFrame(read_rows(rows_file, root))) if rows_file.is_file() else hardware(df)
         out.append(f"### {folder.relative_to(root)}\n\nHardware: {hw}  \nCommand: {code(command(folder, root))}")
         rows = [[r.max_len, r.attention, r.get("n_seeds"), r.get("steps"), r.get("eval_loss"), r.get("eval_accuracy"),
                  r.get("time_per_step_ms"), "curves only"] for _, r in df.iterrows()]

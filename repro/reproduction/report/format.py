@@ -4,8 +4,6 @@ import math
 import re
 from pathlib import Path
 
-from repro.common.results import read_jsonl
-
 
 def num(v: float) -> str:
     return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
@@ -94,4 +92,6 @@ def commands_of(folders, root) -> str | None:
 
 def run_rows(folder):
     """The run rows (.jsonl) beside a table, as dicts."""
-    return [r for path in sorted(folder.glob("*.jsonl")) for r in read_jsonl(path)]
+    from repro.reproduction.report.schema import read_rows
+
+    return [r for path in sorted(folder.glob("*.jsonl")) for r in read_rows(path, folder.parent)]

@@ -1,9 +1,8 @@
 """The GPU runs: each reproduce_gpu run's steps (status.json), its environment (env/env.json) and
 its kernel tests (env/kernel_tests.xml)."""
-import json
 
 from repro.reproduction.report.format import md_table, num
-from repro.reproduction.report.schema import current_files
+from repro.reproduction.report.schema import current_files, read_json
 
 
 def _kernel_tests(xml_path) -> str:
@@ -49,7 +48,7 @@ def gpu_runs(ctx) -> str:
         order = {name: i for i, name in STEPS.items()}
         rows = []
         for d in sorted(steps, key=lambda d: order[d.name]):
-            status = json.loads((d / "status.json").read_text())
+            status = read_json(d / "status.json", root)
             jobs = "; ".join(f"{name}: {j.get('status')}" + (f" ({j['reason']})" if j.get("reason") else "")
                              + (f", {num(float(j['seconds']))} s" if j.get("seconds") is not None else "")
                              for name, j in status.get("jobs", {}).items())
@@ -60,7 +59,7 @@ def gpu_runs(ctx) -> str:
         part.append(md_table(["step", "status", "jobs", "files"], rows))
         env = run / "env"
         if (env / "env.json").is_file():
-            facts = json.loads((env / "env.json").read_text())
+            facts = read_json(env / "env.json", root)
             part.append("Environment (env/env.json):\n\n"
                         + md_table(["key", "value"], [[k, _flat(v)] for k, v in facts.items()]))
         if (env / "kernel_tests.xml").is_file():

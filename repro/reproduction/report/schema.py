@@ -2,8 +2,14 @@
 name, the columns it needs with their kinds, the columns it may use), and every CSV under
 results/ is read once and checked against those declarations. A renamed or dropped column, a
 number column holding text, a CSV that does not parse: one error naming the file and the column,
-never a section that quietly reads another folder or a table that loses a row."""
+never a section that quietly reads another folder or a table that loses a row. A torn file (a
+last line cut off: no newline at its end, or a row short of the header's fields; a JSON or JSONL
+file that does not parse) is one error naming the file and the line: a write that did not finish
+must never read as a row with missing values, which the report would then compare as numbers."""
+import csv
 import fnmatch
+import io
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,16 +64,60 @@ def read_checked(root: Path, tables) -> list[tuple[Path, pd.DataFrame]]:
     every declared Table it matches. A file that does not parse is a SchemaError naming it."""
     out = []
     for path in current_files(root, "*.csv"):
+        where = _where(path, root)
         try:
+            _check_whole(path, where)
             df = pd.read_csv(path)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            where = path.relative_to(root) if Path(root) in path.parents else path
             raise SchemaError(f"{where}: not a readable CSV ({str(err).splitlines()[0]})") from err
         for table in tables:
             if table.matches(path, df):
                 table.check(path, df, Path(root))
         out.append((path, df))
     return out
+
+
+def _where(path: Path, root) -> Path:
+    return path.relative_to(root) if Path(root) in path.parents else path
+
+
+def _check_whole(path: Path, where):
+    """A CSV whose every row has the header's fields and whose last line ends (every writer here
+    ends a file with a newline and writes it whole: anything else is a torn write)."""
+    text = path.read_text()
+    if not text.strip():
+        raise pd.errors.EmptyDataError("the file is empty")
+    rows = list(csv.reader(io.StringIO(text)))
+    if not text.endswith("\n"):
+        raise SchemaError(f"{where}, line {len(rows)}: the last line is cut off (no newline at its end): "
+                          "a write that did not finish; rewrite the file from its run")
+    width = len(rows[0])
+    short = next(((i, len(r)) for i, r in enumerate(rows[1:], 2) if r and len(r) != width), None)
+    if short:
+        raise SchemaError(f"{where}, line {short[0]}: {short[1]} fields where the header has {width} "
+                          "(a torn or hand-edited row)")
+
+
+def read_json(path: Path, root) -> dict:
+    """A JSON file the report reads (summary.json, status.json, env.json), or one SchemaError
+    naming it and where it stops parsing."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        at = f", line {err.lineno}" if isinstance(err, json.JSONDecodeError) else ""
+        raise SchemaError(f"{_where(Path(path), root)}{at}: not valid JSON ({str(err).splitlines()[0]}): "
+                          "a torn write; rewrite it from its run") from err
+
+
+def read_rows(path: Path, root) -> list[dict]:
+    """The rows of a JSONL file (repro.common.results.read_jsonl: a torn last line, a run killed
+    while appending, is left out), any other bad line one SchemaError naming it."""
+    from repro.common.results import read_jsonl
+
+    try:
+        return read_jsonl(path)
+    except ValueError as err:
+        raise SchemaError(f"{_where(Path(path), root)}: {err}") from err
 
 
 def named(csvs, name: str) -> list[tuple[Path, pd.DataFrame]]:
