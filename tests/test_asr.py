@@ -1,5 +1,6 @@
 """task=asr: the generated corpus, real-corpus loaders, features, encoders, CTC decoding, PER."""
 import json
+import os
 
 import jiwer
 import numpy as np
@@ -53,6 +54,31 @@ def test_corpus_is_speech_with_phonemes_and_held_out_splits(corpus):
             and not (texts["valid"] & texts["test"]))
     assert ({r["speaker"] for r in by["test"]} == {"en-us+f3"}
             and "en-us+f3" not in {r["speaker"] for r in by["train"] + by["valid"]})
+
+
+def test_a_damaged_manifest_is_refused_and_a_dead_builds_folder_is_cleared(corpus, tmp_path):
+    """A torn last line of manifest.jsonl used to drop an utterance silently, the corpus keeping
+    its id; a build killed mid-way left its temporary folder for good."""
+    import shutil
+
+    from repro.cli.config import ConfigError
+
+    copy = tmp_path / corpus.name
+    shutil.copytree(corpus, copy)
+    manifest = copy / "manifest.jsonl"
+    text = manifest.read_text()
+    manifest.write_text(text[:-10])
+    with pytest.raises(ConfigError, match="is damaged \\(its last line is cut off\\)"):
+        load_manifest(copy)
+    manifest.write_text("".join(text.splitlines(keepends=True)[:-1]))  # one whole line fewer
+    with pytest.raises(ConfigError, match="holds 9 utterances, not 10"):
+        load_manifest(copy)
+    dead = tmp_path / ".tts-0123abcd-999999-x1y2z3"  # a build by a process that no longer runs
+    (dead / "audio").mkdir(parents=True)
+    alive = tmp_path / f".tts-0123abcd-{os.getpid()}-x1y2z3"  # one still running: left alone
+    alive.mkdir()
+    generate(CorpusSettings(**{**TINY, "n_sentences": 5}), root=tmp_path, progress=False)
+    assert not dead.exists() and alive.exists()
 
 
 def test_corpus_is_deterministic_and_cached(corpus, tmp_path):

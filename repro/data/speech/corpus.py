@@ -101,7 +101,8 @@ def generate(settings: CorpusSettings, root=None, progress: bool = True) -> Path
             plan.append((split, i, r, text, voice, int(rng.integers(s.rate[0], s.rate[1] + 1)),
                          int(rng.integers(s.pitch[0], s.pitch[1] + 1)), float(rng.uniform(*s.snr_db))))
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
+    _remove_stale_builds(root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-{os.getpid()}-", dir=root))
     try:
         (tmp / "audio").mkdir()
         rows, phon_cache = [], {}
@@ -117,6 +118,7 @@ def generate(settings: CorpusSettings, root=None, progress: bool = True) -> Path
                          "phonemes": phonemes, "unmapped": unmapped, "speaker": voice, "rate": rate,
                          "pitch": pitch, "snr_db": round(snr, 2), "n_samples": len(wav)})
         atomic_write(tmp / "settings.json", json.dumps({**asdict(s), "version": VERSION, "espeak": engine().version,
+                                                        "n_utterances": len(rows),
                                                         "sentence_source": "python docs (pydoc_data.topics) + stdlib docstrings"},
                                                        indent=1, default=list))
         write_jsonl(tmp / "manifest.jsonl", rows)
@@ -130,13 +132,34 @@ def generate(settings: CorpusSettings, root=None, progress: bool = True) -> Path
     return out
 
 
+def _remove_stale_builds(root: Path):
+    """Temporary folders of builds whose process is gone (killed: SIGKILL, a power cut); a build
+    stopped by SIGTERM or Ctrl-C under run.py removes its own."""
+    for d in root.glob(".tts-*-*-*"):
+        try:
+            pid = int(d.name.split("-")[2])
+            os.kill(pid, 0)  # alive (ours or another build's): leave it
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            pass
+
+
 def load_manifest(folder) -> list[dict]:
-    """The utterances of a generated corpus, with absolute audio paths."""
+    """The utterances of a generated corpus, with absolute audio paths. A manifest that is cut
+    off or short of the utterances its settings.json counts is refused (a damaged corpus would
+    otherwise train on fewer utterances under the same id)."""
     folder = Path(folder)
     path = folder / "manifest.jsonl"
     if not path.exists():
         raise ConfigError(f"{path}: no corpus manifest here")
-    rows = read_jsonl(path)
+    text = path.read_text()
+    rows = read_jsonl(path) if text.endswith("\n") else None
+    settings = folder / "settings.json"
+    expected = json.loads(settings.read_text()).get("n_utterances") if settings.is_file() else None
+    if rows is None or (expected is not None and len(rows) != expected):
+        found = "its last line is cut off" if rows is None else f"it holds {len(rows)} utterances, not {expected}"
+        raise ConfigError(f"{path} is damaged ({found}): delete {folder} and the corpus is generated again")
     for r in rows:
         r["audio"] = str(folder / r["audio"])
     return rows
