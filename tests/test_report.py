@@ -512,7 +512,8 @@ def test_a_folder_of_several_commands_shows_each_as_its_own_span(tmp_path):
                                              "`python run.py attention=linear`; `python run.py attention=lsh-1`")
 
 
-@pytest.mark.parametrize("damage", ["torn_csv", "short_row", "empty_csv", "torn_json", "bad_jsonl_line"])
+@pytest.mark.parametrize("damage", ["torn_csv", "short_row", "empty_csv", "torn_json", "bad_jsonl_line",
+                                    "dropped_column"])
 def test_a_damaged_results_file_stops_the_report_with_one_line_naming_it(tmp_path, damage, capsys):
     """A torn last line of figure1-cpu/benchmark.csv used to retitle its section and drop a row; a
     torn copy_final.csv turned both Figure 2 verdicts around (NaN compared as a number); a torn
@@ -528,6 +529,8 @@ def test_a_damaged_results_file_stops_the_report_with_one_line_naming_it(tmp_pat
         "torn_json": ("figure1-cpu/summary.json", r"figure1-cpu/summary.json, line \d+: not valid JSON"),
         "bad_jsonl_line": ("images/mnist_claims_seeds_cpu/image_rows.jsonl",
                            r"image_rows.jsonl: line 2 is not valid JSON"),
+        "dropped_column": ("images/mnist_claims_seeds_cpu/bpd_final.csv",
+                           r"bpd_final.csv: no column 'eval_bits_per_dim'"),
     }[damage]
     f = results / path
     if damage == "torn_csv" or damage == "torn_json":
@@ -538,6 +541,8 @@ def test_a_damaged_results_file_stops_the_report_with_one_line_naming_it(tmp_pat
         f.write_text("\n".join(lines))
     elif damage == "empty_csv":
         f.write_text("")
+    elif damage == "dropped_column":  # used to make Table 1 take its bits/dim from another folder
+        pd.read_csv(f).drop(columns="eval_bits_per_dim").to_csv(f, index=False)
     else:
         lines = f.read_text().split("\n")
         lines[1] = lines[1][: len(lines[1]) // 2]

@@ -21,6 +21,9 @@ BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
 TABLES = [Table("throughput.csv", {"size": str, "method": str, "batch": float},
                 {"images_per_s": float, "seconds_per_image": float, "device": str}),
           Table("bpd_vs_time.csv", {"attention": str, "step": float, "elapsed_s": float, "eval_bpd": float}),
+          # by name too: a bpd_final.csv that lost its bits/dim column must fail, not stop being a bits/dim
+          # table (Table 1's column would then come from another folder)
+          Table("bpd_final.csv", {"attention": str, "eval_bits_per_dim": float}, {"dataset": str, "status": str}),
           *(Table("*.csv", {col: float}, {"attention": str, "device": str}, when=col) for col in BPD_COLUMNS)]
 
 
