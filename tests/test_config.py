@@ -6,6 +6,7 @@ from hydra.utils import instantiate
 from repro.attention import AttentionLayer
 from repro.cli.config import CONF_DIR, ConfigError, compose_group, group_options
 from repro.cli.logging import make_logger
+from repro.cli.preflight import preflight
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 
@@ -127,7 +128,59 @@ def test_nearest_key_prefers_the_same_name(compose_cfg):
                                       "model.dropout=0", "model.dropout=0.0"])
 def test_valid_overrides_that_look_odd_pass_the_command_line_check(override):
     """An interpolation, a list item and a zero dropout are the user's to set (they were refused)."""
-    from repro.cli.preflight import preflight
 
     argv = ["experiment=smoke_copy", override]
     assert preflight(argv) == argv
+
+
+# Settings where 0 is a valid choice: off (eval_every, checkpoint_every, eval_batches, the
+# SpecAugment masks, beam_size: greedy), none (dropout, warmup, patience), all (n_samples), a seed
+ZERO_IS_VALID = {"eval_every", "eval_batches", "checkpoint_every", "dropout", "embedding_dropout", "warmup",
+                 "n_samples", "patience", "time_mask", "freq_mask", "n_masks", "eval_seed", "seed", "beam_size"}
+
+
+def _numeric_keys(cfg):
+    from omegaconf import OmegaConf
+
+    out = []
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            key = f"{prefix}.{k}" if prefix else k
+            if isinstance(v, dict):
+                walk(v, key)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.append(key)
+    container = OmegaConf.to_container(cfg, resolve=False)
+    walk({k: v for k, v in container.items() if k in ("task", "trainer", "model", "attention")}, "")
+    return out
+
+
+def test_every_numeric_option_refuses_zero_negative_and_non_finite_values_in_one_line():
+    """Every number of every task's config, set to 0, -1, nan and inf: refused before any work
+    (repro.cli.validate, which run.py calls before Hydra starts) with one line naming it, except
+    0 where 0 means off, none or all. It used to go through for dozens of them (lr=-1,
+    grad_clip=nan, a batch size of 0), failing later with a traceback or, worse, running."""
+    from hydra import compose, initialize_config_dir
+
+    from repro.cli.validate import validate
+
+    seen = set()  # a key the tasks share (trainer.*, model.*) is tried in the first task that has it
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for task in ("copy", "mnist", "cifar", "asr", "benchmark", "throughput", "kernels"):
+            keys = [k for k in _numeric_keys(compose("config", overrides=[f"task={task}"])) if k not in seen]
+            seen.update(keys)
+            assert task in ("cifar", "mnist") or len(keys) >= 3, (task, keys)
+            _refused(compose, validate, task, keys)
+    assert len(seen) > 60
+
+
+def _refused(compose, validate, task, keys):
+    for key in keys:
+        for value in ("0", "-1", "nan", "inf"):
+            if value == "0" and key.rsplit(".", 1)[-1] in ZERO_IS_VALID:
+                continue
+            cfg = compose("config", overrides=[f"task={task}", f"{key}={value}"])
+            with pytest.raises(ConfigError) as err:
+                validate(cfg)
+            assert key.rsplit(".", 1)[-1] in str(err.value) and "\n" not in str(err.value), (task, key, value)

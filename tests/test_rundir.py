@@ -63,3 +63,30 @@ def test_a_run_into_a_finished_runs_directory_is_refused_before_hydra_rewrites_i
     res = run(f"hydra.run.dir={d}", "seed=1")
     assert res.returncode == 2 and "already holds a run's checkpoint" in one_error_line(res)
     assert tree(d) == before  # .hydra/overrides.yaml and run.log untouched
+
+
+def test_a_full_disk_and_a_run_dir_under_a_file_are_one_line(tmp_path):
+    """ENOSPC while writing the rows (simulated: os.replace refuses results.jsonl) used to end in
+    a traceback; a run dir named under a file too. Each is one line; nothing half-written stays."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import errno, os\n"
+        "_replace = os.replace\n"
+        "def replace(src, dst, *a, **k):\n"
+        "    if str(dst).endswith('results.jsonl'):\n"
+        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))\n"
+        "    return _replace(src, dst, *a, **k)\n"
+        "os.replace = replace\n")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), ENV.get("PYTHONPATH", "")])}
+    d = tmp_path / "run"
+    res = subprocess.run([sys.executable, "run.py", *ARGS, f"hydra.run.dir={d}"], cwd=REPO, env=env, text=True,
+                         capture_output=True, timeout=600)
+    assert res.returncode == 1, res.stderr[-2000:]
+    line = one_error_line(res)
+    assert "No space left on device" in line and "results.jsonl" in line
+    assert not list(d.glob(".results.jsonl.*.tmp"))  # the temporary file went with the failed write
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    res = run(f"hydra.run.dir={blocker / 'run'}")
+    assert res.returncode == 2 and str(blocker) in one_error_line(res)

@@ -8,6 +8,7 @@ instead records its failure (<job dir>/failed.json: its overrides and the line; 
 also prints its traceback) and returns, so the sweep goes on; at the sweep's end
 repro.cli.callbacks lists the failed jobs and run.py exits 1.
 """
+import errno
 import json
 import shutil
 import sys
@@ -26,11 +27,19 @@ FAILED_FILE = "failed.json"
 failed_jobs: list[dict] = []  # in the launching process, after a sweep: its failed jobs
 
 
+# The file system's refusals (a full disk or quota, no permission, a read-only mount, a path
+# through a file): the user's to fix, not a bug, so one line rather than a traceback.
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
+
+
 def error_line(err) -> str | None:
     """The one line for an error that is the user's to fix; None for anything else (a bug:
     its traceback is what helps)."""
     if isinstance(err, InstantiationException) and err.__cause__ is not None:
         err = err.__cause__
+    elif isinstance(err, OSError) and err.errno in DISK_ERRORS:
+        where = f": {err.filename}" if err.filename else ""
+        return f"{err.strerror or err}{where} (results and checkpoints are written whole or not at all)"
     elif not isinstance(err, (ConfigError, RunFailed, InstantiationException)):
         return None
     return (str(err).strip().splitlines() or [type(err).__name__])[-1]
@@ -81,7 +90,7 @@ def job_failed(err: Exception):
         return None
     if is_main():  # one rank removes it
         _remove_if_empty(out)
-    sys.exit(1 if isinstance(err, RunFailed) else 2)
+    sys.exit(1 if isinstance(err, (RunFailed, OSError)) else 2)
 
 
 def _remove_if_empty(run_dir: Path):

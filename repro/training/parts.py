@@ -47,8 +47,11 @@ def validate(t):
         raise ConfigError(f"trainer.max_time_s must be a positive number of seconds or null; got {limit!r}")
     if t.precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision={t.precision!r}; valid: {', '.join(PRECISIONS)}")
-    if t.grad_clip is not None and t.grad_clip <= 0:
+    if t.grad_clip is not None and not (isinstance(t.grad_clip, (int, float)) and 0 < t.grad_clip < math.inf):
         raise ConfigError(f"trainer.grad_clip must be positive or null; got {t.grad_clip!r}")
+    lr = (t.get("optimizer") or {}).get("lr")
+    if lr is not None and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < math.inf):
+        raise ConfigError(f"trainer.optimizer.lr must be a positive number; got {lr!r}")
     if t.compile not in (True, False):
         raise ConfigError(f"trainer.compile must be true or false; got {t.compile!r}")
     backend = t.compile_backend
