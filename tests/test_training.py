@@ -368,8 +368,7 @@ def test_a_checkpoint_damaged_after_it_was_written_is_refused(compose_cfg, tmp_p
         load_checkpoint(tmp_path / "v1.pt")
 
 
-@pytest.mark.parametrize("change", ["seed=1", "task.max_len=12", "trainer.optimizer.lr=0.001",
-                                    "trainer.precision=bfloat16"])
+@pytest.mark.parametrize("change", ["seed=1", "task.max_len=12"])
 def test_a_resume_with_another_setting_of_the_run_is_refused(compose_cfg, tmp_path, change):
     """The seed, the task's settings, the optimizer and the precision are the run's own: a resume
     that changes one is another run (it used to be accepted and labelled as this one). What may
@@ -381,6 +380,21 @@ def test_a_resume_with_another_setting_of_the_run_is_refused(compose_cfg, tmp_pa
     rows = train(compose_cfg, tmp_path / "y", "trainer.max_steps=3", "trainer.log_every=1", "trainer.eval_every=1",
                  "trainer.max_time_s=600", f"trainer.resume={tmp_path / 'ok'}")
     assert rows[-1]["status"] == "ok" and rows[-1]["steps"] == 3
+
+
+def test_the_fingerprint_holds_every_setting_but_those_a_resume_may_change(compose_cfg):
+    """The optimizer, its schedule and the precision are in it (with the seed and the task's
+    settings, tried end to end above); limits, cadence, logging and device are not."""
+    from repro.training.parts import default_fingerprint
+
+    base = default_fingerprint(compose_cfg(*BASE))
+    for change in ("trainer.optimizer.lr=0.001", "trainer.precision=bfloat16", "trainer.grad_clip=0.5",
+                   "trainer.scheduler.gamma=0.5", "model.dropout=0.2", "attention=softmax"):
+        assert default_fingerprint(compose_cfg(*BASE, change)) != base, change
+    for change in ("trainer.max_steps=7", "trainer.max_time_s=60", "trainer.log_every=3", "trainer.eval_every=2",
+                   "trainer.checkpoint_every=4", "trainer.progress=false", "logger=csv", "device=cpu",
+                   "task.label=x"):
+        assert default_fingerprint(compose_cfg(*BASE, change)) == base, change
 
 
 def test_csv_metrics_carry_on_across_a_resume(compose_cfg, tmp_path):
