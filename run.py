@@ -26,7 +26,7 @@ from omegaconf import DictConfig  # noqa: E402
 from repro.cli import jobs, rundir  # noqa: E402
 from repro.cli.config import ConfigError, in_multirun  # noqa: E402
 from repro.cli.logging import tee_to_job_log  # noqa: E402
-from repro.cli.preflight import is_multirun, preflight  # noqa: E402
+from repro.cli.preflight import HYDRA_FLAGS, is_multirun, preflight  # noqa: E402
 from repro.cli.validate import validate  # noqa: E402
 from repro.training import distributed  # noqa: E402
 
@@ -50,7 +50,8 @@ if __name__ == "__main__":
         # Under torchrun rank 0 fixes the run dir for all ranks (below); each rank must not pick its own.
         single_process = distributed.env_world_size() <= 1
         sys.argv[1:] = preflight(sys.argv[1:], pin_sweep_dir=single_process)
-        if single_process:  # a named run dir or the pinned sweep dir: one run at a time, before Hydra writes
+        runs = not any(a.split("=", 1)[0] in HYDRA_FLAGS for a in sys.argv[1:])  # not --help, --cfg job, ...
+        if single_process and runs:  # a named run dir or the pinned sweep dir: one run at a time, before Hydra writes
             rundir.hold(sys.argv[1:], multirun=is_multirun(sys.argv[1:]))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

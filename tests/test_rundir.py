@@ -90,3 +90,9 @@ def test_a_full_disk_and_a_run_dir_under_a_file_are_one_line(tmp_path):
     blocker.write_text("x")
     res = run(f"hydra.run.dir={blocker / 'run'}")
     assert res.returncode == 2 and str(blocker) in one_error_line(res)
+
+
+def test_printing_the_config_takes_no_lock_and_makes_no_directory(tmp_path):
+    d = tmp_path / "run"
+    res = run(f"hydra.run.dir={d}", "--cfg", "job")
+    assert res.returncode == 0 and "attention:" in res.stdout and not d.exists()
