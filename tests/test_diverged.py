@@ -1,22 +1,17 @@
 """A run whose loss turns non-finite fails: one line, exit 1 (a sweep: that job's failed.json and
 exit 1 at the end, the other jobs unaffected), with its rows and summaries kept and marked."""
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
+from run_cli import SMOKE_COPY, run_py
 
-from repro.common.results import REPO, read_jsonl
+from repro.common.results import read_jsonl
 
-ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",
-        "trainer.log_every=5", "trainer.eval_every=0", "trainer.max_steps=10", "trainer.progress=false"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
+ARGS = [*SMOKE_COPY, "trainer.max_steps=10"]
 
 
 def run(*args, multirun=False):
-    argv = [sys.executable, "run.py", *(["-m"] if multirun else []), *ARGS, *args]
-    return subprocess.run(argv, cwd=REPO, env=ENV, text=True, capture_output=True, timeout=600)
+    return run_py(*ARGS, *args, multirun=multirun)
 
 
 def test_a_diverged_run_exits_1_with_one_line_and_keeps_its_rows(tmp_path):

@@ -3,20 +3,16 @@ holds, or into a finished run's directory, exits 2 with one line before Hydra wr
 a lock whose owner is gone does not block."""
 import json
 import os
-import subprocess
-import sys
+
+from run_cli import ENV, SMOKE_COPY, run_py
 
 from repro.cli import rundir
-from repro.common.results import REPO
 
-ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",
-        "trainer.log_every=5", "trainer.eval_every=0", "trainer.max_steps=6", "trainer.progress=false"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
+ARGS = [*SMOKE_COPY, "trainer.max_steps=6"]
 
 
 def run(*args, multirun=False):
-    argv = [sys.executable, "run.py", *(["-m"] if multirun else []), *ARGS, *args]
-    return subprocess.run(argv, cwd=REPO, env=ENV, text=True, capture_output=True, timeout=600)
+    return run_py(*ARGS, *args, multirun=multirun)
 
 
 def tree(d):
@@ -80,8 +76,7 @@ def test_a_full_disk_and_a_run_dir_under_a_file_are_one_line(tmp_path):
         "os.replace = replace\n")
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), ENV.get("PYTHONPATH", "")])}
     d = tmp_path / "run"
-    res = subprocess.run([sys.executable, "run.py", *ARGS, f"hydra.run.dir={d}"], cwd=REPO, env=env, text=True,
-                         capture_output=True, timeout=600)
+    res = run_py(*ARGS, f"hydra.run.dir={d}", env=env)
     assert res.returncode == 1, res.stderr[-2000:]
     line = one_error_line(res)
     assert "No space left on device" in line and "results.jsonl" in line
