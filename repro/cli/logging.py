@@ -62,7 +62,7 @@ class CSVLogger(NullLogger):
 def _resumed_metrics(run_config, filename, run_dir) -> list[dict] | None:
     """The rows of the metrics CSV beside the checkpoint this run resumes (trainer.resume, or the
     run dir's own: a sweep's job run again in place), or None for a fresh run."""
-    from repro.training.checkpoint import LAST, find_checkpoint
+    from repro.training.checkpoint import LAST, find_checkpoint, run_dir_of
 
     resume = ((run_config or {}).get("trainer") or {}).get("resume")
     resume = resume or (run_dir if (run_dir / LAST).is_file() else None)
@@ -73,7 +73,7 @@ def _resumed_metrics(run_config, filename, run_dir) -> list[dict] | None:
         ckpt = find_checkpoint(resume)
     except Exception:  # noqa: BLE001 (the trainer reports a bad trainer.resume in its own words)
         return None
-    source = (ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent) / filename
+    source = run_dir_of(ckpt) / filename
     if not source.is_file():
         return []
     with open(source, newline="") as f:

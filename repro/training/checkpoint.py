@@ -82,6 +82,12 @@ def check_run_dir(run_dir, resume):
                           f"or name another)")
 
 
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run dir a checkpoint file belongs to (<run dir>/checkpoints/last.pt, or a file beside
+    its rows)."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+
+
 def load_checkpoint(path) -> dict:
     path = find_checkpoint(path)
     payload = _payload(path)

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from repro.common.results import atomic_write, read_jsonl
+from repro.training.checkpoint import run_dir_of
 
 
 def _line(row) -> str:
@@ -70,7 +71,7 @@ def resumed_history(ckpt: dict) -> list[dict]:
         return list(ckpt["rows"])
     n = ckpt.get("rows_written", 0)
     path = Path(ckpt["path"])
-    source = (path.parent.parent if path.parent.name == "checkpoints" else path.parent) / "results.jsonl"
+    source = run_dir_of(path) / "results.jsonl"
     rows = read_rows(source) if source.is_file() else []
     if len(rows) < n:
         print(f"warning: the checkpoint {path} follows {n} result rows but {source} holds {len(rows)}; "
