@@ -93,7 +93,8 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     main(["--results", str(root), "--out", str(tmp_path / "elsewhere" / "R.md")])
     md = (root / "REPORT.md").read_text()
     assert row(md, "linear | linear | 4096", "### fig1") == ["linear", "linear", "4096", "5", "7.25", "97", "91.5"]
-    assert row(md, "softmax | softmax | 4096", "### fig1")[4] == "not measured"  # its point ran out of memory
+    assert row(md, "softmax | softmax | 4096", "### fig1")[4] == "oom"  # its point ran out of memory: says so
+    assert "| linear | linear | 512 |" not in md  # a length the run never tried has no row
     # the paper's softmax materialised the (N, N) matrix: our softmax-math is set beside it
     assert row(md, "softmax | softmax-math | 512", "### fig1")[3:5] == ["1.4", "3.5"]
     assert row(md, "linear", "Slopes")[1:4] == ["1", "1.04", "0.98"]
@@ -104,32 +105,38 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     t1 = cells(md, "linear", "### Table 1: MNIST")
     assert (t1["paper bits/dim"], t1["our bits/dim, CPU"], t1[f"our bits/dim, {GPU}"]) == (
         "0.644", "0.71", "not yet run")
-    assert (t1["paper images/s"], t1["our images/s, CPU"], t1[f"our images/s, {GPU}"]) == (
-        "142.8", "2 (extrapolated) at batch 1", "80 at batch 10")
-    assert CPU in t1["our CPU hardware"] and GPU not in t1["our CPU hardware"]
-    assert "task=mnist attention=linear" in t1["command"] and "task=throughput device=cuda" in t1["command"]
+    # one run at one batch per column, the batch in its header: the CPU's is the measured run at batch 1
+    # (the extrapolated zz_later and the gpu folder's one CPU row are left out, not mixed in)
+    assert (t1["paper images/s"], t1["our images/s, CPU, batch 1"], t1[f"our images/s, {GPU}, batch 10"]) == (
+        "142.8", "2.5", "80")
+    t1_notes = md.split("### Table 1: MNIST", 1)[1].split("\n### ", 1)[0]
+    assert "Our bits/dim, CPU: one run, `images/mnist`" in t1_notes and "task=mnist attention=linear" in t1_notes
+    assert ("Our images/s, CPU, batch 1: one run, `throughput/cpu_measured`" in t1_notes
+            and "not mixed in: `throughput/gpu` (batch 1), `throughput/zz_later` (batch 1)" in t1_notes)
+    assert f"Our images/s, {GPU}, batch 10: one run, `throughput/gpu`" in t1_notes
+    assert "task=throughput device=cuda" in t1_notes
     assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "not yet run"
-    # an images/s from a generation stopped at its time budget says so, in every table that shows it
-    assert cells(md, "softmax", "### Table 2: CIFAR-10")["our images/s, CPU"] == "0.0001111 (extrapolated) at batch 1"
+    # a value from another run on the same hardware is not mixed into the column
+    assert cells(md, "softmax", "### Table 2: CIFAR-10")["our images/s, CPU, batch 1"] == "not in this run"
     t4 = cells(md, "softmax", "### Table 4, CIFAR-10")
-    assert (t4["paper images/s"], t4["our images/s, CPU"], t4[f"our images/s, {GPU}"]) == (
-        "0.004", "0.0001111 (extrapolated) at batch 1", "not yet run")
+    assert (t4["paper images/s"], t4["our images/s, CPU, batch 1"], t4[f"our images/s, {GPU}, batch 10"]) == (
+        "0.004", "not in this run", "not in this run")
     t4 = cells(md, "linear", "### Table 4, MNIST")
-    assert (t4["paper images/s"], t4["our images/s, CPU"], t4[f"our images/s, {GPU}"]) == (
-        "142.8", "2 (extrapolated) at batch 1", "80 at batch 10")
-    assert row(md, "stateful-softmax", "### Table 4, MNIST")[1:3] == ["7.56", "not yet run"]
+    assert (t4["paper images/s"], t4["our images/s, CPU, batch 1"], t4[f"our images/s, {GPU}, batch 10"]) == (
+        "142.8", "2.5", "80")
+    assert row(md, "stateful-softmax", "### Table 4, MNIST")[1:3] == ["7.56", "not in this run"]
     assert "stateful-softmax" not in md.split("### Table 1: MNIST", 1)[1].split("\n## ", 1)[0]  # not in Tables 1/2
     t5 = cells(md, "linear", "### Table 5, MNIST")  # a measured run beats a later extrapolated one
-    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == (
-        "5.5", "7.3", "0.4", "0.123")
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our s/image, CPU, batch 1"],
+            t5[f"our s/image, {GPU}, batch 1"]) == ("5.5", "7.3", "0.4", "0.123")
     t5 = cells(md, "softmax", "### Table 5, CIFAR-10")
-    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {GPU}"]) == (
-        "8,651", "300.1", "9,000 (extrapolated)", "not yet run")
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our s/image, CPU, batch 1"],
+            t5[f"our s/image, {GPU}, batch 1"]) == ("8,651", "300.1", "not in this run", "not in this run")
     # a timing run's PER (an untrained model's) is no result: left out, its seconds per epoch kept
-    assert row(md, "linear", "### asr_timing (timing run)")[1:5] == ["8.08", "timing run", "824", "44.5"]
-    assert row(md, "linear", "### asr\n")[1:5] == ["8.08", "23.45", "824", "31"]
-    assert row(md, "softmax", "### asr\n")[2] == "not run here"
-    assert row(md, "bilstm", "### asr_table")[1:5] == ["10.94", "0.8", "1047", "12.5"]  # 0.8 %, not 80 %
+    assert row(md, "linear", "### asr_timing (timing run)")[2:6] == ["8.08", "timing run", "824", "44.5"]
+    assert row(md, "linear", "### asr\n")[2:6] == ["8.08", "23.45", "824", "31"]
+    assert row(md, "softmax", "### asr\n")[3] == "not run here"
+    assert row(md, "bilstm", "### asr_table")[2:6] == ["10.94", "0.8", "1047", "12.5"]  # 0.8 %, not 80 %
     assert f"Hardware: {CPU}" in md.split("### asr_table", 1)[1]
     assert "Figure 2: the copy task" in md and "not yet run" in md.split("## Figure 2", 1)[1].split("##", 1)[0]
     assert re.search(r"\[kernels\]\(kernels/README.md\): `python -m repro.reproduction.bench`", md)
@@ -264,14 +271,14 @@ def test_cpu_and_gpu_values_land_in_their_own_columns(tmp_path):
     t1 = cells(md, "linear", "### Table 1: MNIST")
     assert (t1["our bits/dim, CPU"], t1[f"our bits/dim, {H100}"], t1[f"our bits/dim, {H200}"]) == (
         "1.69", "0.91", "0.93")
-    assert (t1["our images/s, CPU"], t1[f"our images/s, {H100}"], t1[f"our images/s, {H200}"]) == (
-        "0.2 at batch 1", "300 at batch 256", "350 at batch 256")
-    assert t1["our CPU hardware"] == CPU  # the GPUs are named by their columns, not here
+    assert (t1["our images/s, CPU, batch 1"], t1[f"our images/s, {H100}, batch 256"],
+            t1[f"our images/s, {H200}, batch 256"]) == ("0.2", "300", "350")
+    assert "Our bits/dim, CPU: one run, `images/mnist_cpu`" in md  # the GPUs are named by their columns
     t4 = cells(md, "linear", "### Table 4, MNIST")
-    assert (t4["our images/s, CPU"], t4[f"our images/s, {H100}"]) == ("0.2 at batch 1", "300 at batch 256")
+    assert (t4["our images/s, CPU, batch 1"], t4[f"our images/s, {H100}, batch 256"]) == ("0.2", "300")
     t5 = cells(md, "linear", "### Table 5, MNIST")
-    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our CPU s"], t5[f"our GPU s, {H100}"], t5[f"our GPU s, {H200}"]) \
-        == ("5.5", "7.3", "5", "0.7", "0.6")
+    assert (t5["paper CPU s"], t5["paper GPU s"], t5["our s/image, CPU, batch 1"], t5[f"our s/image, {H100}, batch 1"],
+            t5[f"our s/image, {H200}, batch 1"]) == ("5.5", "7.3", "5", "0.7", "0.6")
     assert "not measured yet" not in md.split("## Tables 1 and 2", 1)[1].split("## Table 3", 1)[0]
     # bits/dim against training time, per GPU run: the last and best evaluation of each attention
     t = cells(md, "linear",
@@ -486,6 +493,79 @@ def test_a_column_takes_one_run_never_a_mix_of_folders(tmp_path):
     (tmp_path / "b_long" / "bpd_final.csv").unlink()  # one run alone: taken, no note
     md = build(tmp_path, tmp_path / "REPORT.md")
     assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "1.9" and "left out" not in md
+
+
+def test_an_images_per_s_column_holds_one_run_at_one_batch(tmp_path):
+    """Three CPU throughput runs: a loaded one of three methods at batches 1 and 10, a run of linear
+    alone at batch 64 (another machine), a quiet run of two methods at batch 1 measured in full.
+    Table 4's CPU column takes the loaded run at batch 10 alone (the most methods, the larger batch),
+    marks each of its values loaded (and extrapolated where it was), names what it left out, and
+    never shows the batch-64 value; the quiet run gets a column of its own."""
+    def run(folder, rows, load, device=CPU):
+        (tmp_path / folder).mkdir()
+        pd.DataFrame([{"size": "mnist", "method": m, "batch": b, "images_per_s": v, "seconds_per_image": 1 / v,
+                       "extrapolated": x, "device": device, "loadavg_1min_start": load, "loadavg_1min_end": load,
+                       "git_sha": "abcdef123456"} for m, b, v, x in rows]).to_csv(
+            tmp_path / folder / "throughput.csv", index=False)
+        (tmp_path / folder / "command.txt").write_text(f"python run.py task=throughput task.publish={folder}\n")
+
+    run("loaded", [(m, b, v * b, m == "softmax") for m, v in (("softmax", 0.01), ("linear", 0.3),
+                                                               ("stateful-softmax", 0.2)) for b in (1, 10)], 5.0)
+    run("big_batch", [("linear", 64, 99.0, False)], 1.0, device="Intel(R) Xeon(R) Processor (2 cores, 1 threads)")
+    run("quiet", [("linear", 1, 0.5, False), ("stateful-softmax", 1, 0.4, False)], 0.9)
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    t4 = cells(md, "linear", "### Table 4, MNIST")
+    assert t4["our images/s, CPU, batch 10"] == "3 (loaded)" and t4["our images/s, CPU, batch 1, quiet run"] == "0.5"
+    assert cells(md, "softmax", "### Table 4, MNIST")["our images/s, CPU, batch 10"] == "0.1 (extrapolated, loaded)"
+    assert cells(md, "softmax", "### Table 4, MNIST")["our images/s, CPU, batch 1, quiet run"] == "not in this run"
+    section = md.split("### Table 4, MNIST", 1)[1].split("\n### ", 1)[0]
+    assert "99" not in section.split("\n\n")[1]  # the table itself: no batch-64 value mixed in
+    assert ("Our images/s, CPU, batch 10: one run, `loaded` (AMD EPYC (2 cores, 1 threads), git abcdef1, 1-min load "
+            "5.0-5.0): `python run.py task=throughput task.publish=loaded`; left out of this column, not mixed in: "
+            "`big_batch` (batch 64), `loaded` (batch 1).") in section
+    assert "Our images/s, CPU, batch 1, quiet run: one run, `quiet`" in section
+    # Table 5 (batch 1): the loaded run is still the most complete; the quiet one beside it
+    t5 = cells(md, "linear", "### Table 5, MNIST")
+    assert (t5["our s/image, CPU, batch 1"], t5["our s/image, CPU, batch 1, quiet run"]) == ("3.333 (loaded)", "2")
+
+
+def test_figure1_sets_two_runs_of_one_point_side_by_side(tmp_path):
+    """Two CPU runs measure linear at N = 512 (different code, batch and memory method): a table
+    sets the two values side by side with what differs; each run names its code version and
+    tokens per point; a run of other lengths prints no rows of points it never tried."""
+    for folder, ms, batch, sha in (("fig_a", 127.0, 32, "aaaaaaa111"), ("fig_b", 36.0, 8, "bbbbbbb222")):
+        (tmp_path / folder).mkdir()
+        pd.DataFrame([{"attention": "linear", "n": 512, "batch": batch, "repeats": 3, "status": "ok",
+                       "time_per_sample_ms": ms, "mem_per_sample_mb": 12.0, "causal": True, "device": CPU,
+                       "git_sha": sha, "mem_method": "peak RSS", "time": "2026-11-23T00:00:00+00:00"}]).to_csv(
+            tmp_path / folder / "benchmark.csv", index=False)
+    (tmp_path / "fig_limits").mkdir()
+    pd.DataFrame([{"attention": "softmax", "n": 8192, "batch": 1, "repeats": 1, "status": "ok",
+                   "time_per_sample_ms": 9.0, "mem_per_sample_mb": 1.0, "causal": True, "device": CPU}]).to_csv(
+        tmp_path / "fig_limits" / "benchmark.csv", index=False)
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    same = md.split("### The same point in several runs", 1)[1].split("\n### ", 1)[0]
+    assert [r[3:8] for r in (row(same, "linear | 512 | CPU, causal | `fig_a`", "| attention"),
+                             row(same, "linear | 512 | CPU, causal | `fig_b`", "| attention"))] == [
+        ["`fig_a`", "127", "12", "aaaaaaa", "16,384"], ["`fig_b`", "36", "12", "bbbbbbb", "4,096"]]
+    assert "Run: git aaaaaaa; 2026-11-23; 16,384 tokens per point (batch x N); 3 timed repeats; memory: peak RSS" in md
+    limits = md.split("### fig_limits (causal)", 1)[1].split("\n### ", 1)[0]
+    assert "| softmax |" not in limits.split("Slopes")[0] and "hold none of the paper's read-off points" in limits
+
+
+def test_table_3_marks_timed_updates_and_sets_both_softmaxes_beside_the_paper(tmp_path):
+    """A timing run's seconds per epoch come from a few timed updates: each says how many, in wall
+    and CPU time; the paper's softmax (the N x N matrix) gets both of ours: softmax-math and SDPA."""
+    (tmp_path / "speed").mkdir()
+    pd.DataFrame([{"model": m, "steps": 8, "valid_per_%": 150.0, "s_per_epoch": w, "cpu_s_per_epoch": c}
+                  for m, w, c in (("softmax", 30.0, 17.5), ("softmax-math", 58.0, 38.5), ("linear", 16.0, 11.5))]
+                 ).to_csv(tmp_path / "speed" / "asr_table.csv", index=False)
+    (tmp_path / "speed" / "asr_rows.jsonl").write_text(json.dumps({"device": CPU, "label": "CPU timing run"}) + "\n")
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    assert row(md, "softmax | softmax-math", "### speed")[2:] == [
+        "5.12", "timing run", "2711", "58 (from 8 updates)", "38.5 (from 8 updates)"]
+    assert row(md, "softmax | softmax", "### speed")[5:] == ["30 (from 8 updates)", "17.5 (from 8 updates)"]
+    assert row(md, "lsh-4", "### speed")[3:] == ["not run here", "2250", "—", "—"]
 
 
 def test_archived_runs_are_kept_but_never_reported(tmp_path):

@@ -1,13 +1,20 @@
 """Tables 1, 2, 4 and 5: image generation. Bits/dim from any CSV with a bits/dim column (the
 image task's bpd_final.csv), images/s and seconds per image from task=throughput's
-throughput.csv, one column per hardware; and the GPU MNIST step's bits/dim against time."""
+throughput.csv, one column per hardware; and the GPU MNIST step's bits/dim against time.
+
+A column holds one run: bits/dim from one folder, images/s and seconds per image from one
+throughput run at one batch (see column_runs); the other runs on that hardware are named under
+the table, never mixed in."""
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import pandas as pd
 
 from repro.common import paper
 from repro.reproduction.report.format import (
     code,
     command,
-    commands_of,
     dataset_of,
     hardware,
     hw_class,
@@ -19,7 +26,8 @@ from repro.reproduction.report.schema import Table, named
 
 BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
 TABLES = [Table("throughput.csv", {"size": str, "method": str, "batch": float},
-                {"images_per_s": float, "seconds_per_image": float, "device": str}),
+                {"images_per_s": float, "seconds_per_image": float, "device": str,
+                 "loadavg_1min_start": float, "loadavg_1min_end": float}),
           Table("bpd_vs_time.csv", {"attention": str, "step": float, "elapsed_s": float, "eval_bpd": float}),
           # by name too: a bpd_final.csv that lost its bits/dim column must fail, not stop being a bits/dim
           # table (Table 1's column would then come from another folder)
@@ -44,7 +52,7 @@ def bits_per_dim(csvs):
     {(dataset, class): [folders left out]}."""
     found = {}
     for path, df in csvs:
-        col = next((c for c in ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim") if c in df), None)
+        col = next((c for c in BPD_COLUMNS if c in df), None)
         if col is None or "attention" not in df:
             continue
         beside = {} if "device" in df else _devices_by_attention(path.parent)
@@ -72,9 +80,28 @@ def _extrapolated(r) -> bool:
     return str(r.get("extrapolated", "")).lower() == "true"
 
 
+def _load(r) -> float | None:
+    """The 1-minute load average over the run of row `r` (the larger of start and end), if recorded."""
+    vals = [float(r[c]) for c in ("loadavg_1min_start", "loadavg_1min_end") if c in r and pd.notna(r[c])]
+    return max(vals) if vals else None
+
+
+def _cores(device: str) -> int | None:
+    m = re.search(r"\((\d+) cores", str(device))
+    return int(m.group(1)) if m else None
+
+
+def _loaded(r) -> bool:
+    """More runnable processes than cores while it ran: its wall-clock values are inflated."""
+    load, cores = _load(r), _cores(r.get("device", ""))
+    return load is not None and cores is not None and load > cores
+
+
 def _marked(value, r) -> str:
-    """A measured value, marked when the run was stopped at its time budget and extrapolated."""
-    return f"{num(float(value))}{' (extrapolated)' if _extrapolated(r) else ''}"
+    """A measured value, marked where it stands when the run was stopped at its time budget and
+    extrapolated, or ran on a loaded machine."""
+    marks = [m for m, on in (("extrapolated", _extrapolated(r)), ("loaded", _loaded(r))) if on]
+    return num(float(value)) + (f" ({', '.join(marks)})" if marks else "")
 
 
 def _on(df, cls):
@@ -83,31 +110,86 @@ def _on(df, cls):
     return df[devices.map(hw_class) == cls]
 
 
-def _largest_batch(thr, ds, method, cls):
-    """(folder, row) of our run of `method` on `ds` on hardware class `cls` at the largest batch
-    (the last folder of equals), or None."""
-    found = [(f, _on(d, cls)) for f, d in thr]
-    found = [(f, d[(d["size"].map(dataset_of) == ds) & (d.method == method)]) for f, d in found]
-    found = [(f, d[d.batch == d.batch.max()]) for f, d in found if len(d)]
-    found.sort(key=lambda fd: fd[1].batch.iloc[0])
-    return (found[-1][0], found[-1][1].iloc[0]) if found else None
+@dataclass
+class Run:
+    """One throughput run (folder, batch) a column of a table shows, its rows by (dataset,
+    method), and the other runs on the same hardware, left out of that column."""
+    cls: str
+    folder: Path | None = None
+    batch: int | None = None
+    rows: dict = field(default_factory=dict)
+    left_out: list = field(default_factory=list)
+    quiet: bool = False  # an extra column: a quiet run measured in full beside the most complete one
 
 
-def _images_per_s(found):
-    if found is None:
+def _runs_on(thr, cls, cells, batch=None) -> dict:
+    """{(folder, batch): {(dataset, method): row}} of the runs on hardware class `cls`."""
+    runs = {}
+    for folder, df in thr:
+        for _, r in _on(df, cls).iterrows():
+            key = (dataset_of(r["size"]), str(r.method))
+            if key in cells and (batch is None or r.batch == batch):
+                runs.setdefault((folder, int(r.batch)), {})[key] = r
+    return runs
+
+
+def column_runs(thr, cls, cells, batch=None) -> list[Run]:
+    """The runs a hardware class's columns show, one folder at one batch each: first the run that
+    fills the most of `cells` ((dataset, method) pairs), at `batch` when given (of equals: the
+    larger batch, fewer extrapolated values, the quieter, the later path); then, as columns of their
+    own, any other run on a quiet machine measured in full that fills two cells or more."""
+    runs = _runs_on(thr, cls, cells, batch)
+    if not runs:
+        return [Run(cls)]
+
+    def load(run):
+        return max([v for v in map(_load, runs[run].values()) if v is not None] or [0.0])
+
+    def rank(run):
+        rows = list(runs[run].values())
+        return (len(rows), run[1], -sum(map(_extrapolated, rows)), -load(run), str(run[0]))
+
+    pick = max(runs, key=rank)
+    quiet = [run for run in sorted(runs, key=str) if run != pick and len(runs[run]) >= 2
+             and not any(_extrapolated(r) or _loaded(r) for r in runs[run].values())]
+    shown = [pick, *quiet]
+    left = sorted((run for run in runs if run not in shown), key=str)
+    return [Run(cls, run[0], run[1], runs[run], left if run == pick else [], quiet=run != pick) for run in shown]
+
+
+def _cell(run: Run, ds, method, column) -> str:
+    if run.folder is None:
         return "not yet run"
-    _, r = found
-    return f"{_marked(r.images_per_s, r)} at batch {int(r.batch)}"
+    r = run.rows.get((ds, method))
+    if r is None:
+        return "not in this run"
+    return _marked(r[column], r) if pd.notna(r.get(column)) else str(r.get("status", "failed"))
 
 
-def _batch_1(thr, ds, method, cls):
-    """(folder, rows) of our run of `method` on `ds` on class `cls` at batch 1, a measured run
-    preferred to an extrapolated one, else the last folder; or None."""
-    mine = [(f, _on(d, cls)) for f, d in thr]
-    mine = [(f, d[(d["size"].map(dataset_of) == ds) & (d.method == method) & (d.batch == 1)]) for f, d in mine]
-    mine = [(f, d) for f, d in mine if len(d)]
-    mine.sort(key=lambda fd: not _extrapolated(fd[1].iloc[0]))  # measured last
-    return mine[-1] if mine else None
+def _header(quantity, run: Run) -> str:
+    return (f"our {quantity}, {run.cls}" + (f", batch {run.batch}" if run.batch is not None else "")
+            + (", quiet run" if run.quiet else ""))
+
+
+def _run_note(run: Run, quantity, root) -> str | None:
+    """One line under a table: which run a column shows, on what, and which runs it left out."""
+    if run.folder is None:
+        return None
+    rows = list(run.rows.values())
+    device = "; ".join(dict.fromkeys(str(r.get("device", "")) for r in rows if str(r.get("device", ""))))
+    shas = ", ".join(dict.fromkeys(str(r["git_sha"])[:7] for r in rows if pd.notna(r.get("git_sha"))))
+    loads = [v for v in map(_load, rows) if v is not None]
+    load = f", 1-min load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    note = (f"{_header(quantity, run)[0].upper()}{_header(quantity, run)[1:]}: one run, "
+            f"`{run.folder.relative_to(root)}` ({device or 'device not recorded'}{f', git {shas}' if shas else ''}"
+            f"{load}): {code(command(run.folder, root))}")
+    if run.left_out:
+        batches = {}
+        for folder, b in run.left_out:
+            batches.setdefault(folder, []).append(str(b))
+        note += ("; left out of this column, not mixed in: "
+                 + ", ".join(f"`{f.relative_to(root)}` (batch {', '.join(bs)})" for f, bs in batches.items()))
+    return note + "."
 
 
 def gpu_classes(thr, bpd=None) -> list[str]:
@@ -120,24 +202,15 @@ def gpu_classes(thr, bpd=None) -> list[str]:
 GPU_NONE = "our GPU: not measured yet"
 
 
-NOT_STATED = ("The paper does not state the batch it generated at; ours is our largest batch, and a value "
+NOT_STATED = ("The paper does not state the batch it generated at; each of our columns names its batch. A value "
               "marked (extrapolated) comes from a generation stopped at its time budget and extrapolated "
-              "(`positions_measured` in its throughput.csv).")
+              "(`positions_measured` in its throughput.csv); (loaded): the machine's 1-minute load average "
+              "passed its number of cores during the run, so its wall-clock value is inflated.")
 
 
-BY_HARDWARE = ("Our values are in one column per hardware (CPU, and each GPU by name): a cell holds one "
-               "run's value on that hardware, never a mix; `python -m repro.reproduce_gpu` fills the GPU "
-               "columns.")
-
-
-def _gpu_headers(gpus, quantity) -> list[str]:
-    """One column per GPU, named by it; with none, one column saying so."""
-    return [f"our {quantity}, {g}" for g in gpus] or [GPU_NONE]
-
-
-def _cpu_hardware(found) -> str | None:
-    """The CPU(s) the chosen CPU rows ran on: each a device string."""
-    return "; ".join(dict.fromkeys(d for d in found if d)) or None
+BY_HARDWARE = ("Our values are in one column per hardware (CPU, and each GPU by name), each column from one "
+               "run at one batch, named under the table with its command; `python -m repro.reproduce_gpu` fills "
+               "the GPU columns.")
 
 
 def chosen_bpd(ctx) -> dict:
@@ -148,40 +221,49 @@ def chosen_bpd(ctx) -> dict:
     return ctx.memo["bpd"]
 
 
+def _bpd_note(ctx, ds, cls) -> str | None:
+    root, bpd = ctx.root, chosen_bpd(ctx)
+    chosen = [v for (d, _, c), v in bpd.items() if (d, c) == (ds, cls)]
+    if not chosen:
+        return None
+    source, devices = chosen[0][1], "; ".join(dict.fromkeys(v[2] for v in chosen if v[2]))
+    note = (f"Our bits/dim, {cls}: one run, `{source.relative_to(root)}` (the folder with the most attentions; "
+            f"{devices or 'device not recorded'}): {code(command(source, root))}")
+    left = ctx.memo["bpd_left_out"].get((ds, cls))
+    if left:
+        note += "; left out of this column, not mixed in: " + ", ".join(f"`{f.relative_to(root)}`" for f in left)
+    return note + "."
+
+
+def _generation_cells() -> set:
+    return {(ds, m) for ds, methods in paper.IMAGES_PER_S.items() for m in methods}
+
+
 def tables_1_2(ctx) -> str:
-    root, csvs = ctx.root, ctx.csvs
-    ctx.used |= {folder for folder, _ in named(csvs, "throughput.csv")}
+    root = ctx.root
+    ctx.used |= {folder for folder, _ in named(ctx.csvs, "throughput.csv")}
     bpd = chosen_bpd(ctx)
     out = ["## Tables 1 and 2: image generation, bits/dim and images/s",
            "Paper: bits/dim on the test set and images/s of unconditional generation; Table 1 MNIST "
            f"({paper.IMAGES_SETUP['mnist']}), Table 2 CIFAR-10 ({paper.IMAGES_SETUP['cifar10']}). "
            f"Ours: bits/dim from the image task, images/s from task=throughput. {NOT_STATED} {BY_HARDWARE}"]
-    thr = _throughput(csvs)
+    thr = _throughput(ctx.csvs)
     gpus = gpu_classes(thr, bpd)
+    runs = [run for cls in ["CPU", *gpus] for run in column_runs(thr, cls, _generation_cells())]  # as Table 4
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = []
         for method, (p_bpd, p_ips) in paper.BITS_PER_DIM[ds].items():
-            bits = {cls: bpd.get((ds, method, cls)) for cls in ["CPU", *gpus]}
-            ips = {cls: _largest_batch(thr, ds, method, cls) for cls in ["CPU", *gpus]}
-            cpu_hw = _cpu_hardware([bits["CPU"][2] if bits["CPU"] else "",
-                                    str(ips["CPU"][1].get("device", "")) if ips["CPU"] else ""])
-            folders = [b[1] for b in bits.values() if b] + [f[0] for f in ips.values() if f]
-            rows.append([method, p_bpd, *[bits[c][0] if bits[c] else "not yet run" for c in ["CPU", *gpus]],
-                         *([] if gpus else [None]), p_ips,
-                         *[_images_per_s(ips[c]) for c in ["CPU", *gpus]], *([] if gpus else [None]),
-                         cpu_hw, commands_of(folders, root)])
+            bits = [bpd.get((ds, method, cls)) for cls in ["CPU", *gpus]]
+            rows.append([method, p_bpd, *[b[0] if b else "not yet run" for b in bits], *([] if gpus else [None]),
+                         p_ips, *[_cell(run, ds, method, "images_per_s") for run in runs],
+                         *([] if gpus else [None])])
         header = ["method", "paper bits/dim", "our bits/dim, CPU", *[f"our bits/dim, {g}" for g in gpus],
-                  *([] if gpus else [GPU_NONE]), "paper images/s", "our images/s, CPU",
-                  *[f"our images/s, {g}" for g in gpus], *([] if gpus else [GPU_NONE]), "our CPU hardware",
-                  "command"]
+                  *([] if gpus else [GPU_NONE]), "paper images/s", *[_header("images/s", run) for run in runs],
+                  *([] if gpus else [GPU_NONE])]
+        notes = [_bpd_note(ctx, ds, cls) for cls in ["CPU", *gpus]] + [_run_note(run, "images/s", root)
+                                                                      for run in runs]
         out.append(f"### {paper.TABLES_1_2[ds]}: {name}\n\n" + md_table(header, rows))
-        for cls in ["CPU", *gpus]:  # one run per column: say which, and which were left out
-            left = ctx.memo["bpd_left_out"].get((ds, cls))
-            source = next((v[1] for (d, _, c), v in bpd.items() if (d, c) == (ds, cls)), None)
-            if left and source is not None:
-                out.append(f"Our bits/dim, {cls}: one run, `{source.relative_to(root)}` (the folder with the most "
-                           "attentions); left out of this column, not mixed in: "
-                           + ", ".join(f"`{f.relative_to(root)}`" for f in left) + ".")
+        out += [n for n in notes if n]
     out += bpd_vs_time(ctx)
     return "\n\n".join(out)
 
@@ -211,51 +293,39 @@ def bpd_vs_time(ctx) -> list[str]:
 
 
 def table_4(ctx) -> str:
-    root, csvs = ctx.root, ctx.csvs
     out = ["## Table 4 (supplementary): images per second, with stateful softmax",
            "Paper: images/s of unconditional generation for both datasets, with softmax re-running the prefix "
            "and stateful softmax (a key/value cache, supplementary C.1). Ours: task=throughput. "
            f"{NOT_STATED} {BY_HARDWARE}"]
-    thr = _throughput(csvs)
+    thr = _throughput(ctx.csvs)
     gpus = gpu_classes(thr)
+    runs = [run for cls in ["CPU", *gpus] for run in column_runs(thr, cls, _generation_cells())]
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
-        rows = []
-        for method, p_ips in paper.IMAGES_PER_S[ds].items():
-            ips = {cls: _largest_batch(thr, ds, method, cls) for cls in ["CPU", *gpus]}
-            cpu_hw = _cpu_hardware([str(ips["CPU"][1].get("device", "")) or "not recorded"] if ips["CPU"] else [])
-            rows.append([method, p_ips, *[_images_per_s(ips[c]) for c in ["CPU", *gpus]], *([] if gpus else [None]),
-                         cpu_hw, commands_of([f[0] for f in ips.values() if f], root)])
+        rows = [[method, p_ips, *[_cell(run, ds, method, "images_per_s") for run in runs], *([] if gpus else [None])]
+                for method, p_ips in paper.IMAGES_PER_S[ds].items()]
         out.append(f"### Table 4, {name}\n\n" + md_table(
-            ["method", "paper images/s", "our images/s, CPU", *_gpu_headers(gpus, "images/s"), "our CPU hardware",
-             "command"], rows))
+            ["method", "paper images/s", *[_header("images/s", run) for run in runs],
+             *([] if gpus else [GPU_NONE])], rows))
+        out += [n for n in (_run_note(run, "images/s", ctx.root) for run in runs) if n]
     return "\n\n".join(out)
 
 
 def table_5(ctx) -> str:
-    root, csvs = ctx.root, ctx.csvs
     out = ["## Table 5 (supplementary): seconds to generate one image",
            "Paper: CPU and GPU seconds to generate one image, both datasets. Ours: task=throughput at batch 1; "
-           "(extrapolated) where the run was stopped at its time budget and its total extrapolated (a measured "
-           f"run of the same method is preferred). {BY_HARDWARE}"]
-    thr = _throughput(csvs)
+           "(extrapolated) where the run was stopped at its time budget and its total extrapolated, (loaded) where "
+           f"the machine's load passed its cores. {BY_HARDWARE}"]
+    thr = _throughput(ctx.csvs)
     gpus = gpu_classes(thr)
-
-    def value(found):
-        if found is None:
-            return "not yet run"
-        r = found[1].iloc[0]
-        return _marked(r.seconds_per_image, r) if pd.notna(r.get("seconds_per_image")) else r.get("status")
-
+    cells = {(ds, m) for ds, methods in paper.SECONDS_PER_IMAGE.items() for m in methods}
+    runs = [run for cls in ["CPU", *gpus] for run in column_runs(thr, cls, cells, batch=1)]
+    headers = [_header("s/image", run) for run in runs]
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
-        rows = []
-        for method, (cpu, gpu) in paper.SECONDS_PER_IMAGE[ds].items():
-            mine = {cls: _batch_1(thr, ds, method, cls) for cls in ["CPU", *gpus]}
-            rows.append([method, cpu, gpu, *[value(mine[c]) for c in ["CPU", *gpus]], *([] if gpus else [None]),
-                         hardware(mine["CPU"][1]) if mine["CPU"] else None,
-                         commands_of([f[0] for f in mine.values() if f], root)])
+        rows = [[method, cpu, gpu, *[_cell(run, ds, method, "seconds_per_image") for run in runs],
+                 *([] if gpus else [None])] for method, (cpu, gpu) in paper.SECONDS_PER_IMAGE[ds].items()]
         out.append(f"### Table 5, {name}\n\n" + md_table(
-            ["method", "paper CPU s", "paper GPU s", "our CPU s", *_gpu_headers(gpus, "GPU s"), "our CPU hardware",
-             "command"], rows))
+            ["method", "paper CPU s", "paper GPU s", *headers, *([] if gpus else [GPU_NONE])], rows))
+        out += [n for n in (_run_note(run, "s/image", ctx.root) for run in runs) if n]
     return "\n\n".join(out)
 
 
