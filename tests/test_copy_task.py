@@ -32,6 +32,34 @@ def test_generator_layout(batch, max_len, n_symbols, lo, hi):
             assert [y[i] for i in range(n, 2 * n)] == s[:n] and y[:-1] == s[1:] and y[-1] == PAD
 
 
+def test_score_separator_scores_what_the_authors_script_scores():
+    """The authors' layout written out independently: for copy length n, targets are the next
+    tokens and their loss mask covers positions n-1 .. 2n-1 (the separator's prediction, then the
+    copy); with score_separator the mask is exactly that, the targets unchanged, and the extra
+    scored target is the separator."""
+    ours, theirs = CopyTask(6, 23, 5, seed=4), CopyTask(6, 23, 5, seed=4, score_separator=True)
+    for _ in range(3):
+        a, b = next(ours), next(theirs)
+        assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["targets"], b["targets"])
+        for s, y, m in zip(b["tokens"].tolist(), b["targets"].tolist(), b["mask"].tolist()):
+            n = s.index(SEP)
+            expected = [0] * 23
+            expected[n - 1:2 * n] = [1] * (n + 1)
+            assert m == [bool(v) for v in expected] and y[n - 1] == SEP
+
+
+def test_the_presets_choose_the_scoring():
+    from hydra import compose, initialize_config_dir
+
+    from repro.cli.config import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
+        assert compose("config", ["task=copy"]).task.score_separator is False
+        assert compose("config", ["experiment=paper_copy"]).task.score_separator is True  # the authors' script
+        assert compose("config", ["task=copy", "experiment=paper_authors"]).task.score_separator is True
+        assert compose("config", ["experiment=copy_claims_n128_cpu"]).task.score_separator is False
+
+
 def test_default_lengths_cover_the_authors_range():
     ns = torch.cat([next(CopyTask(256, 128, seed=s))["mask"].sum(1) for s in range(4)])
     assert ns.min() == 32 and ns.max() == 62  # the authors' [N // 4, (N - 1) // 2 - 1] at N = 128

@@ -252,3 +252,27 @@ def test_attention_settings_on_the_command_line_win(tmp_path):
         "error: lsh: chunk_size and n_hashes must be >= 1; got chunk_size=0, n_hashes=4"], out0
     assert procs[32].returncode == 0, err32
     assert read_jsonl(tmp_path / "32/results.jsonl")[-1]["attention_settings"]["chunk_size"] == 32
+
+
+def test_a_training_batch_per_attention(compose_cfg, tmp_path, monkeypatch):
+    """task.batch_size_by_attention trains the named attention at its own batch (the rows say so);
+    held-out batches keep task.batch_size, so every attention is evaluated on the same images. The
+    paper's CIFAR-10 preset trains softmax at batch 1 and the others at 4, under a 7-day time budget;
+    the authors' CIFAR-10 script trains every attention at 4."""
+    seen = []
+    real = image.ShuffledBatches
+
+    def spy(data, batch_size, **kw):
+        seen.append(batch_size)
+        return real(data, batch_size, **kw)
+
+    monkeypatch.setattr(image, "ShuffledBatches", spy)
+    rows = train(compose_cfg, tmp_path / "own", "trainer.max_steps=1", "trainer.eval_batches=1", "task.n_samples=0",
+                 "task.batch_size=5", "+task.batch_size_by_attention={linear: 3}")
+    assert seen == [3] and rows[-1]["batch_size"] == 3
+    assert [r["batch_size"] for r in rows if r["kind"] == "final"] == [3]
+    for experiment, softmax, linear in (("paper_cifar", 1, 4), ("authors_cifar", 4, 4)):
+        for name, expected in (("softmax", softmax), ("linear", linear)):
+            cfg = compose_cfg(f"experiment={experiment}", f"attention={name}")
+            assert image.train_batch_size(cfg, name) == expected and cfg.task.batch_size == 4
+            assert cfg.trainer.max_time_s == 7 * 24 * 3600

@@ -5,10 +5,12 @@ separator, the same n symbols again, then padding:
 
     a_1 .. a_n  SEP  a_1 .. a_n  PAD .. PAD          (SEP = PAD = 0, as in the authors' script)
 
-The model reads it causally and predicts each next token. Only the copy is scored: the targets
-at positions n .. 2n-1 (whose next tokens are the repeated a_1..a_n). The authors' script also
-scores position n-1 (predicting the separator), which no model can get right since n is random;
-we leave it out so that a perfect copier reaches loss 0 and accuracy 1.
+The model reads it causally and predicts each next token. By default only the copy is scored:
+the targets at positions n .. 2n-1 (whose next tokens are the repeated a_1..a_n), so that a
+perfect copier reaches loss 0 and accuracy 1. The authors' copy script also scores position n-1
+(predicting the separator, which no model can always get right since n is random):
+score_separator=True does as they do (the paper_authors preset), and its loss then has a floor
+above 0.
 """
 import torch
 
@@ -24,7 +26,8 @@ class CopyTask:
     """
 
     def __init__(self, batch_size: int, max_len: int = 128, n_symbols: int = 10,
-                 min_copy: int | None = None, max_copy: int | None = None, seed: int = 0):
+                 min_copy: int | None = None, max_copy: int | None = None, seed: int = 0,
+                 score_separator: bool = False):
         self.min_copy = max_len // 4 if min_copy is None else min_copy
         self.max_copy = (max_len - 1) // 2 - 1 if max_copy is None else max_copy
         if batch_size < 1 or n_symbols < 1:
@@ -34,6 +37,7 @@ class CopyTask:
             raise ValueError(f"copy task: need 1 <= min_copy <= max_copy and 2 * max_copy + 1 <= max_len; "
                              f"got min_copy={self.min_copy}, max_copy={self.max_copy}, max_len={max_len}")
         self.batch_size, self.max_len, self.n_symbols = batch_size, max_len, n_symbols
+        self.first_scored = -1 if score_separator else 0  # position n + this is the first target scored
         self.generator = torch.Generator().manual_seed(seed)
         self.batches = 0  # batches drawn so far: the stream position, for the logs
 
@@ -54,7 +58,7 @@ class CopyTask:
         seq = torch.where(first, a, PAD)
         seq = torch.where(second, a.gather(1, src), seq)                           # (B, N)
         targets = torch.cat([seq[:, 1:], torch.full((B, 1), PAD)], 1)              # next token
-        mask = (pos >= n) & (pos < 2 * n)                                          # targets that are the copy
+        mask = (pos >= n + self.first_scored) & (pos < 2 * n)                      # targets scored
         self.batches += 1
         return {"tokens": seq, "targets": targets, "mask": mask}
 

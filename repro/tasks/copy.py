@@ -27,7 +27,8 @@ from repro.training.rows import read_rows
 
 
 def copy_loss(model, batch):
-    """Cross-entropy and accuracy over the copy positions only (batch["mask"])."""
+    """Cross-entropy and accuracy over the scored positions (batch["mask"]: the copy, and the
+    separator's with task.score_separator)."""
     logits = model(batch["tokens"])                                   # (B, N, V)
     targets, mask = batch["targets"], batch["mask"].float()          # (B, N)
     ce = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, N)
@@ -44,12 +45,14 @@ def run(cfg) -> float:
     run_dir = get_run_dir(cfg)
     seed_everything(cfg.seed)
     try:
-        data = CopyTask(t.batch_size, t.max_len, t.n_symbols, t.min_copy, t.max_copy, seed=cfg.seed)
+        data = CopyTask(t.batch_size, t.max_len, t.n_symbols, t.min_copy, t.max_copy, seed=cfg.seed,
+                        score_separator=t.score_separator)
     except ValueError as err:
         raise ConfigError(f"task.{err}") from err
 
     def held_out():  # the same held-out sequences at every evaluation, for every run
-        stream = CopyTask(t.batch_size, t.max_len, t.n_symbols, t.min_copy, t.max_copy, seed=t.eval_seed)
+        stream = CopyTask(t.batch_size, t.max_len, t.n_symbols, t.min_copy, t.max_copy, seed=t.eval_seed,
+                          score_separator=t.score_separator)
         return itertools.islice(stream, cfg.trainer.eval_batches)
 
     model = AutoregressiveTransformer(instantiate(cfg.attention), n_tokens=data.vocab_size,
@@ -57,8 +60,9 @@ def run(cfg) -> float:
     m = cfg.model
     identity = {"task": "copy", "attention": name, "target": cfg.attention._target_, "seed": cfg.seed,
                 "max_len": t.max_len, "min_copy": data.min_copy, "max_copy": data.max_copy,
-                "n_symbols": t.n_symbols, "batch_size": t.batch_size, "n_layers": m.n_layers,
-                "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff, "dropout": m.dropout,
+                "n_symbols": t.n_symbols, "score_separator": bool(t.score_separator), "batch_size": t.batch_size,
+                "n_layers": m.n_layers, "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff,
+                "dropout": m.dropout,
                 "max_steps": cfg.trainer.max_steps, "label": t.label, "publish": t.publish}
     final = fit(model, copy_loss, data, cfg, run_dir=run_dir, eval_data=held_out, identity=identity)
     print(f"copy {name} N={t.max_len} seed={cfg.seed}: {final['status']}, step {final['steps']}, "

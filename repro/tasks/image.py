@@ -98,9 +98,16 @@ def _identity(cfg, name, splits, shape):
             "attention_settings": attention_settings(cfg), "seed": cfg.seed, "image_shape": list(shape),
             "predicted_dims": math.prod(shape) - 1,
             "data_source": splits.source, "n_train": len(splits.train), "n_test": len(splits.test),
-            "batch_size": t.batch_size, "n_layers": t.get("n_layers") or m.n_layers, "d_model": m.d_model,
-            "n_heads": m.n_heads, "d_ff": m.d_ff, "dropout": m.dropout, "max_steps": cfg.trainer.max_steps,
-            "label": t.label, "publish": t.publish}
+            "batch_size": train_batch_size(cfg, name), "n_layers": t.get("n_layers") or m.n_layers,
+            "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff, "dropout": m.dropout,
+            "max_steps": cfg.trainer.max_steps, "label": t.label, "publish": t.publish}
+
+
+def train_batch_size(cfg, name) -> int:
+    """The training batch of attention `name`: task.batch_size_by_attention[name] where set (the
+    paper trained CIFAR-10's softmax at batch 1, the others at 4), else task.batch_size. The
+    held-out batches keep task.batch_size: every attention is evaluated on the same images."""
+    return int((cfg.task.get("batch_size_by_attention") or {}).get(name, cfg.task.batch_size))
 
 
 def _attention_settings(cfg, name):
@@ -143,7 +150,7 @@ def run(cfg) -> float:
     splits = _data(cfg)
     shape = splits.shape
     try:
-        train = ShuffledBatches(Images(splits.train), t.batch_size, seed=cfg.seed)
+        train = ShuffledBatches(Images(splits.train), train_batch_size(cfg, name), seed=cfg.seed)
     except ValueError as err:
         raise ConfigError(f"task.{err}") from err
     held_out = [splits.test[i:i + t.batch_size]
