@@ -1,6 +1,6 @@
 """WSJ-style transcripts (repro/data/speech/lexicon.py): markers and punctuation normalised as the
 Kaldi and ESPnet WSJ recipes do, CMUdict pronunciations with espeak-ng's for the words CMUdict
-lacks, and the count of those words in the loaders' rows."""
+lacks, the count of those words in the loaders' rows and the ASR task's summary."""
 import re
 from pathlib import Path
 
@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 
 from repro.cli.config import ConfigError
+from repro.common.results import read_jsonl
 from repro.data.speech import espeak_summary, espeak_text, espeak_to_arpabet, load_kaldi, normalise_transcript
 from repro.data.speech.lexicon import FEW
 
@@ -118,3 +119,21 @@ def test_a_word_no_path_can_pronounce_is_one_line_naming_it(tmp_path, word, why)
         load_kaldi(root)
     assert why in str(err.value) and "\n" not in str(err.value)
 
+
+def test_the_asr_task_reports_the_espeak_words(compose_cfg, tmp_path, capsys):
+    _needs_espeak()
+    from repro.tasks.asr import run
+
+    train = _kaldi_dir(tmp_path / "train", WSJ_LINES)
+    valid = _kaldi_dir(tmp_path / "valid", [("v1", "THE VORBL SAID"), ("v2", "THE COMPANY SAID")])
+    out = tmp_path / "run"
+    run(compose_cfg("experiment=smoke_asr", "encoder=bilstm", "task.source=kaldi", f"task.train_dir={train}",
+                    f"task.valid_dir={valid}", "task.batch_size=2", "task.beam_size=0", "trainer.max_steps=2",
+                    "trainer.eval_every=0", "trainer.progress=false", f"+task.out_dir={out}"))
+    text = "5 words (3 distinct) not in CMUdict, pronounced by espeak-ng: zzqx, vorbl, ellipsis"
+    printed = capsys.readouterr().out
+    assert f"asr data kaldi:{train}: 3 train / 2 valid / 0 test utterances; transcripts: {text}" in printed
+    summary = read_jsonl(out / "results.jsonl")[-1]
+    assert summary["kind"] == "summary" and (summary["n_espeak_words"], summary["n_espeak_distinct"]) == (5, 3)
+    assert summary["espeak_words"] == "zzqx vorbl ellipsis"
+    assert f"transcripts: {text}" in (out / "table.txt").read_text()

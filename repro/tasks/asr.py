@@ -29,6 +29,8 @@ from repro.data.speech import (
     BLANK,
     PHONEMES,
     CorpusSettings,
+    espeak_summary,
+    espeak_text,
     generate,
     load_kaldi,
     load_librispeech,
@@ -161,6 +163,12 @@ def run(cfg) -> float:
     real = SpeechDataset(real_rows, fbank, f.norm, stats) if real_rows else None
     if not len(valid):
         raise ConfigError("task: the validation set is empty")
+    # words CMUdict lacks took espeak-ng's pronunciation: say how many, in the printout and every row
+    lexicon_rows = [r for rows in (*splits.values(), real_rows) for r in rows if "espeak_words" in r]
+    lexicon = espeak_summary(lexicon_rows) if lexicon_rows else {}
+    print(f"asr data {data_id}: {len(train)} train / {len(valid)} valid / {len(test) if test else 0} test"
+          + (f" / {len(real)} real" if real else "") + " utterances"
+          + (f"; transcripts: {espeak_text(lexicon)}" if lexicon else ""))
     data = BucketedBatches(train, t.batch_size, seed=cfg.seed)
     valid_batches = eval_batches(valid, t.eval_batch_size)
 
@@ -177,7 +185,7 @@ def run(cfg) -> float:
                 "n_test": len(test) if test else 0, "mean_frames": statistics.mean(frames), "max_frames": max(frames),
                 "batch_size": t.batch_size, "steps_per_epoch": len(data), "max_steps": cfg.trainer.max_steps,
                 "optimizer": cfg.trainer.optimizer._target_, "lr": cfg.trainer.optimizer.lr,
-                **{f"model_{k}": v for k, v in enc.items()}, "label": t.label, "publish": t.publish}
+                **{f"model_{k}": v for k, v in enc.items()}, **lexicon, "label": t.label, "publish": t.publish}
 
     def hook(model, step):
         return {"per": decode_set(model, valid_batches, device)["per"]}
@@ -249,7 +257,8 @@ def _title(df) -> str:
     return (f"{label}CTC phoneme recognition, {r['data']}: {r['n_train']} train / {r['n_valid']} valid / "
             f"{r['n_test']} test utterances,\n"
             f"mean {r['mean_frames']:.0f} frames (max {r['max_frames']}), batch {r['batch_size']}, "
-            f"{r['steps_per_epoch']} steps/epoch, {r['precision']}\n{r['device']}")
+            f"{r['steps_per_epoch']} steps/epoch, {r['precision']}\n{r['device']}"
+            + (f"\ntranscripts: {espeak_text(r)}" if pd.notna(r.get("n_espeak_words")) else ""))
 
 
 def plot(df, path):
