@@ -568,6 +568,22 @@ def test_table_3_marks_timed_updates_and_sets_both_softmaxes_beside_the_paper(tm
     assert row(md, "lsh-4", "### speed")[3:] == ["not run here", "2250", "—", "—"]
 
 
+def test_figure2_gives_the_spread_and_what_the_loss_scores(tmp_path):
+    """Each copy run says whether its loss scores the copy alone or the separator too (the authors'
+    scoring; runs from before the option scored the copy), and gives the seeds' spread."""
+    for folder, flag in (("ours", None), ("authors", True)):
+        (tmp_path / folder).mkdir()
+        pd.DataFrame([{"max_len": 32, "attention": "linear", "n_seeds": 3, "steps": 800, "eval_loss": 0.3,
+                       "eval_loss_std": 0.05, "eval_accuracy": 0.9}]).to_csv(tmp_path / folder / "copy_final.csv",
+                                                                               index=False)
+        row_ = {"attention": "linear", "device": CPU, **({} if flag is None else {"score_separator": flag})}
+        (tmp_path / folder / "copy_rows.jsonl").write_text(json.dumps(row_) + "\n")
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    assert "### ours\n\nHardware" in md and "Scored: copy\n" in md.split("### ours", 1)[1]
+    assert "Scored: copy + separator\n" in md.split("### authors", 1)[1]
+    assert row(md, "32 | linear", "### ours")[4] == "0.3 ± 0.05"
+
+
 def test_archived_runs_are_kept_but_never_reported(tmp_path):
     """results/archive/ holds runs superseded by newer ones: no table, no "Other results" line."""
     fake_results(tmp_path)
