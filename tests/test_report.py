@@ -553,6 +553,21 @@ def test_figure1_sets_two_runs_of_one_point_side_by_side(tmp_path):
     assert "| softmax |" not in limits.split("Slopes")[0] and "hold none of the paper's read-off points" in limits
 
 
+def test_figure1_shows_the_bytes_kept_for_backward_and_the_memory_spread(tmp_path):
+    (tmp_path / "fig").mkdir()
+    pd.DataFrame([{"attention": a, "n": 512, "batch": 8, "repeats": 3, "status": "ok", "time_per_sample_ms": 1.0,
+                   "mem_per_sample_mb": m, "mem_per_sample_min_mb": m - 1, "mem_per_sample_max_mb": m + 2,
+                   "saved_per_sample_mb": k, "causal": True, "device": CPU}
+                  for a, m, k in (("linear", 12.0, 4.5), ("softmax", 9.0, 5.0))]).to_csv(
+        tmp_path / "fig" / "benchmark.csv", index=False)
+    (tmp_path / "fig" / "summary.json").write_text(json.dumps({"attentions": {
+        "linear": {"time_slope_all": 1.0, "mem_slope_all": 1.0, "saved_slope_all": 0.99, "largest_n": 512}}}))
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    assert cells(md, "linear | linear | 512", "### fig")["our MB/sample kept for backward"] == "4.5"
+    assert cells(md, "linear | linear | 512", "### fig")["our MB/sample (peak; min-max over passes)"] == "12 (11-14)"
+    assert cells(md, "linear", "Slopes")["our kept-for-backward slope"] == "0.99"
+
+
 def test_table_3_marks_timed_updates_and_sets_both_softmaxes_beside_the_paper(tmp_path):
     """A timing run's seconds per epoch come from a few timed updates: each says how many, in wall
     and CPU time; the paper's softmax (the N x N matrix) gets both of ours: softmax-math and SDPA."""

@@ -45,7 +45,7 @@ from repro.common.results import (
 from repro.tasks.benchmark_point import PARENT_ENV, measure_safely
 
 FAILED = ("oom", "timeout", "error")
-METRICS = ("time_ms", "time_per_sample_ms", "peak_mem_mb", "mem_per_sample_mb")
+METRICS = ("time_ms", "time_per_sample_ms", "peak_mem_mb", "mem_per_sample_mb", "saved_per_sample_mb")
 
 
 def _frame(rows) -> pd.DataFrame:
@@ -254,7 +254,8 @@ def summarize(rows) -> dict:
                          "time_slope_all": _slope(g, "time_per_sample_ms"),
                          "time_slope_top3": _slope(top, "time_per_sample_ms"),
                          "mem_slope_all": _slope(g, "mem_per_sample_mb"),
-                         "mem_slope_top3": _slope(top, "mem_per_sample_mb")}
+                         "mem_slope_top3": _slope(top, "mem_per_sample_mb"),
+                         "saved_slope_all": _slope(g.dropna(subset=["saved_per_sample_mb"]), "saved_per_sample_mb")}
     for name in df.attention.unique():
         per_att.setdefault(name, {"largest_n": None})
         failures = df[(df.attention == name) & (df.status != "ok")]
@@ -283,11 +284,14 @@ def _plot(df, path):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for (col, label), ax in zip([("time_per_sample_ms", "time per sample (ms)"),
-                                 ("mem_per_sample_mb", "peak memory per sample (MB)")], axes):
+                                 ("mem_per_sample_mb", "peak memory per sample (MB); dashed: kept for backward")],
+                                axes):
         for name, g in df.groupby("attention", sort=False):
             g = g.sort_values("n")
             ok = g[g.status == "ok"]
             line, = ax.plot(ok.n, ok[col], marker="o", label=name)
+            if col == "mem_per_sample_mb" and ok.saved_per_sample_mb.notna().any():  # the exact count beside
+                ax.plot(ok.n, ok.saved_per_sample_mb, ls="--", lw=1, color=line.get_color())
             bad = g[g.status != "ok"].head(1)
             if len(bad) and len(ok):
                 ax.plot(bad.n, [ok[col].iloc[-1]], marker="x", ls="", ms=10, color=line.get_color())
@@ -315,10 +319,12 @@ def _plot(df, path):
 def table(df) -> str:
     def cells(col):
         return [f"{v:.3g}" if s == "ok" else s for v, s in zip(df[col], df.status)]
-    df = df.assign(time=cells("time_per_sample_ms"), mem=cells("mem_per_sample_mb"))
-    t = df.pivot_table(index="n", columns="attention", values="time", aggfunc="first", sort=False)
-    m = df.pivot_table(index="n", columns="attention", values="mem", aggfunc="first", sort=False)
-    return ("time per sample (ms)\n" + t.to_string() + "\n\npeak memory per sample (MB)\n" + m.to_string())
+    df = df.assign(time=cells("time_per_sample_ms"), mem=cells("mem_per_sample_mb"),
+                   saved=cells("saved_per_sample_mb"))
+    pivot = {k: df.pivot_table(index="n", columns="attention", values=k, aggfunc="first", sort=False).to_string()
+             for k in ("time", "mem", "saved")}
+    return (f"time per sample (ms)\n{pivot['time']}\n\npeak memory per sample (MB)\n{pivot['mem']}\n\n"
+            f"kept for backward per sample (MB, exact: saved tensors' storages)\n{pivot['saved']}")
 
 
 def aggregate(rows, out_dir) -> dict:

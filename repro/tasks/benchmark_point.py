@@ -39,6 +39,7 @@ from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from repro.cli.config import parse_dtype  # noqa: E402
+from repro.training.memory import saved_bytes  # noqa: E402
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "DefaultCPUAllocator")
 
@@ -72,9 +73,11 @@ def measure(spec: dict) -> dict:
     """Spec: attention (config dict), d_model, n_heads, n, batch, causal, dtype, device,
     warmup, repeats, time_budget_s, seed. Returns the metrics and a status.
 
-    Time: median over the timed passes after warm-up. Memory: the peak of one more pass,
-    beyond what was allocated before it (parameters, input and its gradient), i.e. the
-    activations and workspaces of forward + backward."""
+    Time: median over the timed passes after warm-up. Memory: the peak of more passes (up to
+    `repeats`, as the budget allows; median, min and max), each beyond what was allocated
+    before it (parameters, input and its gradient), i.e. the activations and workspaces of
+    forward + backward. Kept for backward: the bytes autograd saves in one forward, counted over
+    distinct storages (repro.training.memory; exact, parameters included)."""
     device, dtype = torch.device(spec["device"]), parse_dtype(spec["dtype"])
     cuda = device.type == "cuda"
     torch.manual_seed(spec["seed"])
@@ -114,20 +117,32 @@ def measure(spec: dict) -> dict:
     while len(times) < spec["repeats"] and time.perf_counter() - began + times[0] <= budget:
         times.append(one_pass())
 
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base, mem_method = torch.cuda.memory_allocated(device), "torch.cuda.max_memory_allocated"
-        one_pass()
-        peak = torch.cuda.max_memory_allocated(device) - base
-    else:
-        mem_method = _prepare_rss_measure()
+    saved, y = saved_bytes(layer, x, causal=spec["causal"])
+    y.backward(grad)
+    x.grad, y = None, None
+    layer.zero_grad(set_to_none=True)
+
+    def peak_of_one_pass():
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            one_pass()
+            return torch.cuda.max_memory_allocated(device) - base, "torch.cuda.max_memory_allocated"
+        method = _prepare_rss_measure()
         base = _proc_status_kb("VmRSS") * 1024
         one_pass()
-        peak = _proc_status_kb("VmHWM") * 1024 - base
-    t = statistics.median(times)
+        return _proc_status_kb("VmHWM") * 1024 - base, method
+
+    peaks = []
+    while not peaks or (len(peaks) < spec["repeats"] and time.perf_counter() - began + times[0] <= budget):
+        peak, mem_method = peak_of_one_pass()
+        peaks.append(peak)
+    t, peak = statistics.median(times), statistics.median(peaks)
     return {"status": "ok", "time_ms": t * 1e3, "time_per_sample_ms": t * 1e3 / b,
             "peak_mem_mb": peak / 2**20, "mem_per_sample_mb": peak / 2**20 / b,
+            "mem_per_sample_min_mb": min(peaks) / 2**20 / b, "mem_per_sample_max_mb": max(peaks) / 2**20 / b,
+            "mem_repeats": len(peaks), "saved_mb": saved / 2**20, "saved_per_sample_mb": saved / 2**20 / b,
             "repeats": len(times), "mem_method": mem_method}
 
 

@@ -11,7 +11,16 @@ from repro.reproduction.report.schema import Table, named, read_json
 TABLES = [Table("benchmark.csv",
                 {"attention": str, "n": float, "time_per_sample_ms": float, "mem_per_sample_mb": float},
                 {"status": str, "device": str, "batch": float, "repeats": float, "mem_method": str,
-                 "git_sha": str, "time": str})]
+                 "git_sha": str, "time": str, "saved_per_sample_mb": float, "mem_per_sample_min_mb": float,
+                 "mem_per_sample_max_mb": float})]
+
+
+def _mem(r) -> float | str:
+    """Peak memory per sample, with its spread over the measured passes where recorded."""
+    lo, hi = r.get("mem_per_sample_min_mb"), r.get("mem_per_sample_max_mb")
+    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
+        return r.mem_per_sample_mb
+    return f"{num(float(r.mem_per_sample_mb))} ({num(float(lo))}-{num(float(hi))})"
 
 
 def _causal(df) -> str:
@@ -35,8 +44,10 @@ def run_line(df) -> str:
 
 def _point_rows(df):
     """Rows of the paper's points for the attentions and lengths this run tried: a point it tried
-    and lost shows why (oom, timeout); a length it never tried is not shown."""
+    and lost shows why (oom, timeout); a length it never tried is not shown. With the bytes kept
+    for backward where the run counted them."""
     ok = df[df.status == "ok"] if "status" in df else df
+    saved = "saved_per_sample_mb" in df and df.saved_per_sample_mb.notna().any()
     rows = []
     for att, points in paper.FIGURE1.items():
         for ours in paper.FIGURE1_OURS.get(att, [att]):
@@ -48,8 +59,9 @@ def _point_rows(df):
                 mine = ok[(ok.attention == ours) & (ok.n == n)]
                 lost = str(here.status.iloc[0]) if "status" in here else "not measured"
                 rows.append([att, ours, n, t, mine.time_per_sample_ms.iloc[0] if len(mine) else lost,
-                             m, mine.mem_per_sample_mb.iloc[0] if len(mine) else lost])
-    return rows
+                             m, _mem(mine.iloc[0]) if len(mine) else lost,
+                             *([mine.saved_per_sample_mb.iloc[0] if len(mine) else lost] if saved else [])])
+    return rows, saved
 
 
 def agreement(found, root) -> str | None:
@@ -91,7 +103,9 @@ def figure1(ctx) -> str:
            f"Paper: forward + backward of one attention layer per sample on a {paper.FIGURE1_HARDWARE} "
            "(values read off the log-log plot, ±15%). Ours: the same measurement (repro.tasks.benchmark). "
            "A run's table shows the paper's points at the lengths that run tried; a point it tried and lost says "
-           "why (oom, timeout)."]
+           "why (oom, timeout). Peak memory is the allocator's or the process's high-water mark (noisy on a CPU); "
+           "newer runs also count exactly what the layer keeps for backward (saved tensors' "
+           "storages, parameters included)."]
     found = named(csvs, "benchmark.csv")
     ctx.used |= {folder for folder, _ in found}
     if not found:
@@ -102,24 +116,27 @@ def figure1(ctx) -> str:
     for folder, df in found:
         out.append(f"### {folder.relative_to(root)} ({_causal(df)})\n\nHardware: {hardware(df)}  \n"
                    f"{run_line(df)}  \nCommand: {code(command(folder, root))}")
-        rows = _point_rows(df)
+        rows, saved = _point_rows(df)
         if rows:
             out.append(md_table(["paper's attention", "ours", "N", "paper ms/sample", "our ms/sample",
-                                 "paper MB/sample", "our MB/sample"], rows))
+                                 "paper MB/sample", "our MB/sample (peak; min-max over passes)",
+                                 *(["our MB/sample kept for backward"] if saved else [])], rows))
         else:
             lengths = sorted({int(n) for n in df.n.dropna()})
             out.append(f"This run's lengths ({', '.join(num(float(n)) for n in lengths)}) hold none of the paper's "
                        "read-off points: its slopes and limits are below.")
         summary = read_json(folder / "summary.json", root) if (folder / "summary.json").is_file() else {}
-        slopes = []
+        slopes, kept = [], any(s.get("saved_slope_all") is not None for s in summary.get("attentions", {}).values())
         for att, s in summary.get("attentions", {}).items():
             theirs = paper.FIGURE1_PAPER_NAME.get(att, att)
             slopes.append([att, paper.FIGURE1_SLOPES.get(theirs), s.get("time_slope_all"), s.get("mem_slope_all"),
-                           paper.FIGURE1_LARGEST_N.get(theirs), s.get("largest_n"), s.get("first_failure", "")])
+                           *([s.get("saved_slope_all")] if kept else []), paper.FIGURE1_LARGEST_N.get(theirs),
+                           s.get("largest_n"), s.get("first_failure", "")])
         if slopes:
             out.append("Slopes of log time and log memory against log N (paper: 1 for linear, 2 for softmax):\n\n" +
                        md_table(["attention", "paper slope", "our time slope", "our memory slope",
-                                 "paper largest N", "our largest N", "first failure"], slopes))
+                                 *(["our kept-for-backward slope"] if kept else []), "paper largest N",
+                                 "our largest N", "first failure"], slopes))
         if (folder / "benchmark.png").is_file():
             out.append(f"![Figure 1, {folder.name}]({rel(folder / 'benchmark.png')})")
     return "\n\n".join(out)
