@@ -19,7 +19,8 @@ def test_one_step_per_point_interleaved_and_kept_bytes_exact(tmp_path):
                            "--attentions", "softmax,linear", "--rounds", "2", "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"})
     assert proc.returncode == 0, proc.stderr
-    order = [[w.rstrip(":") for w in line.split()[2:4]] for line in proc.stdout.splitlines() if line.startswith("round")]
+    rounds = [line for line in proc.stdout.splitlines() if line.startswith("round")]
+    order = [[w.rstrip(":") for w in line.split()[2:4]] for line in rounds]
     assert order == [["smoke_copy", "softmax"], ["smoke_copy", "linear"]] * 2  # interleaved rounds
     df = pd.read_csv(out / "model_memory.csv")
     assert df.attention.tolist() == ["softmax", "linear"] and (df.rounds == 2).all()

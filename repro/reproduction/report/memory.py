@@ -1,7 +1,6 @@
 """Memory of whole models in training (python -m repro.reproduction.model_memory's
 model_memory.csv): per preset, what one training step keeps for backward (exact) and its peak
 resident memory (median and range over rounds), linear attention set against softmax."""
-import pandas as pd
 
 from repro.reproduction.report.format import code, command, hardware, md_table, num
 from repro.reproduction.report.schema import Table, named
