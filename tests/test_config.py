@@ -4,6 +4,7 @@ import torch
 from hydra.utils import instantiate
 
 from repro.attention import AttentionLayer
+from repro.cli.attention import named_attentions
 from repro.cli.config import CONF_DIR, ConfigError, compose_group, group_options
 from repro.cli.logging import make_logger
 from repro.cli.preflight import preflight
@@ -19,7 +20,7 @@ def test_every_config_composes(compose_cfg, group, option):
     assert cfg.task._target_ and (sizes.get("d_model") or sizes.get("hidden")) > 0
 
 
-@pytest.mark.parametrize("name", group_options("attention"))
+@pytest.mark.parametrize("name", named_attentions())  # custom: tests/test_conformance.py
 def test_every_attention_config_builds_a_layer(name):
     layer = instantiate(compose_group("attention", name))(d_model=32, n_heads=4)
     assert isinstance(layer, AttentionLayer)

@@ -47,6 +47,54 @@ def user_set(cfg, name) -> set[str]:
     return keys | {k for k in cfg.attention if k not in own or cfg.attention[k] != own[k]}
 
 
+def named_attentions() -> list[str]:
+    """The conf/attention entries that name their class: every one but `custom`, whose class the
+    user gives (attention._target_=...). What the tests check one by one."""
+    return [name for name in group_options("attention")
+            if not OmegaConf.is_missing(compose_group("attention", name), "_target_")]
+
+
 def attention_config(name: str) -> dict:
     """conf/attention/<name>.yaml as it composes, a plain dict (ConfigError for an unknown name)."""
     return OmegaConf.to_container(compose_group("attention", name))
+
+
+CUSTOM_HINT = "the folder holding its package must be on the Python path: PYTHONPATH=<that folder> python run.py ..."
+
+
+def attention_factory(cfg):
+    """instantiate(cfg.attention): the partial the model calls with d_model and n_heads. What the
+    user must fix is one line: attention=custom without its class, or a class that cannot be
+    imported (a user's package off the Python path, a misspelt name)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    node = cfg.attention
+    if OmegaConf.is_missing(node, "_target_"):
+        raise ConfigError("attention=custom needs your class: attention._target_=package.module.Class "
+                          f"({CUSTOM_HINT})")
+    try:
+        return instantiate(node)
+    except InstantiationException as err:
+        if not isinstance(err.__cause__, ImportError):
+            raise
+        lines = str(err.__cause__).strip().splitlines()
+        why = lines[1] if len(lines) > 2 else lines[-1]  # Hydra's: Error loading ..., the import's own error, a hint
+        raise ConfigError(f"attention._target_={node._target_}: cannot be imported ({why}); {CUSTOM_HINT}") from err
+
+
+def build_attention(cfg, d_model: int, n_heads: int):
+    """The attention layer as the model builds it, Class(d_model=..., n_heads=...), a constructor
+    that rejects a setting or these arguments (a user's class) failing in one line."""
+    from repro.cli.config import building_from_config
+
+    factory = attention_factory(cfg)
+    with building_from_config():  # the constructor's ValueError is the user's to fix
+        try:
+            return factory(d_model=d_model, n_heads=n_heads)
+        except TypeError as err:  # a signature that does not take what the model passes
+            if "argument" not in str(err):
+                raise
+            raise ConfigError(f"attention._target_={cfg.attention._target_}: cannot be built as the model builds "
+                              f"every attention, Class(d_model={d_model}, n_heads={n_heads}, <its settings>): "
+                              f"{err}") from err

@@ -11,11 +11,10 @@ the task is autoregressive and the attention has no causal form.
 """
 import math
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from repro.cli.attention import attention_name
-from repro.cli.config import ConfigError, building_from_config
+from repro.cli.attention import attention_name, build_attention
+from repro.cli.config import ConfigError
 
 AUTOREGRESSIVE_TASKS = ("copy", "mnist", "cifar")  # causal models: every attention must have a causal form
 
@@ -99,8 +98,7 @@ def validate(cfg):
         _check_numbers(cfg, ("attention",))
         return
     name = attention_name(cfg)
-    with building_from_config():  # the constructor's ValueError is the user's to fix
-        layer = instantiate(cfg.attention)(d_model=sizes.d_model, n_heads=sizes.n_heads)
+    layer = build_attention(cfg, sizes.d_model, sizes.n_heads)
     _check_numbers(cfg, ("attention",))  # after the constructor, whose own lines say more
     task = cfg.task.get("name")
     causal = bool(cfg.task.get("causal", task in AUTOREGRESSIVE_TASKS))
