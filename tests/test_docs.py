@@ -3,7 +3,8 @@
 1. Every `python run.py ...` command (code blocks and inline code; `-m`, quotes, line
    continuations, env-var prefixes such as OMP_NUM_THREADS=1, `torchrun ... run.py ...`)
    composes with Hydra's compose API and passes repro.cli.preflight.preflight (existing groups, options
-   and keys, values of the right type, the composed config valid). A sweep `a,b` is checked
+   and keys, values of the right type, the composed config valid), with the folders of its
+   `PYTHONPATH=...` prefix, if any, on the path (a user's attention class, attention=custom). A sweep `a,b` is checked
    value by value. `hydra/launcher=X` must name a launcher; other `hydra.*` keys are Hydra's.
    Placeholders, the one documented form: `<words>` in a value (`trainer.resume=<run dir>`: the
    key must exist, the value is the reader's), `group=<group>` (the group must exist), an
@@ -23,11 +24,13 @@
    followed by × is a ratio of two values of one column.
 """
 import ast
+import contextlib
 import functools
 import itertools
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +97,27 @@ def run_py_args(line: str) -> list[str] | None:
     return None
 
 
+def python_path(line: str) -> tuple[str, ...]:
+    """The folders (relative to the repository) a `PYTHONPATH=a:b python run.py ...` line adds."""
+    m = re.search(r"(?:^|\s)PYTHONPATH=(\S+)\s", line.strip().removeprefix("$ "))
+    return tuple(m[1].split(":")) if m else ()
+
+
+@contextlib.contextmanager
+def on_path(folders: tuple[str, ...]):
+    """The folders on sys.path for a while; the modules imported from them forgotten after."""
+    added = [str(REPO / f) for f in folders]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for p in added:
+            sys.path.remove(p)
+        for name, module in list(sys.modules.items()):
+            if any(str(getattr(module, "__file__", None) or "").startswith(p + "/") for p in added):
+                del sys.modules[name]
+
+
 def module_names(text: str) -> list[str]:
     found = []
     for line, _ in command_lines(text):
@@ -127,8 +151,16 @@ def _variants(overrides):
 
 
 def _sweep_values(o):
+    from hydra.core.override_parser.types import Glob
+
+    from repro.cli.config import group_options
     from repro.cli.preflight import _values
 
+    if isinstance(o.value(), Glob):  # group=glob(...): the group's options it matches, each in turn
+        matched = o.value().filter(group_options(o.key_or_group))
+        if not matched:
+            raise ConfigError(f"{o.input_line} matches no option of {o.key_or_group}")
+        return matched
     return [v if isinstance(v, str) else _override_text(v) for v in _values(o)]
 
 
@@ -142,13 +174,13 @@ def _override_text(v) -> str:
     return str(v)
 
 
-def check_command(args: list[str]) -> str | None:
-    """Why the command `python run.py <args>` would not compose (None: it does)."""
-    return _check_command(tuple(args))
+def check_command(args: list[str], pythonpath: tuple[str, ...] = ()) -> str | None:
+    """Why the command `PYTHONPATH=<pythonpath> python run.py <args>` would not compose (None: it does)."""
+    return _check_command(tuple(args), tuple(pythonpath))
 
 
 @functools.lru_cache(maxsize=None)  # pages repeat commands; each check composes the config twice or more
-def _check_command(args: tuple[str, ...]) -> str | None:
+def _check_command(args: tuple[str, ...], pythonpath: tuple[str, ...]) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -186,27 +218,33 @@ def _check_command(args: tuple[str, ...]) -> str | None:
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
         if any(o.is_sweep_override() for o in parsed):
-            preflight(["-m"] + plain, pin_sweep_dir=False)  # every value of every sweep: keys, types, options
+            with on_path(pythonpath):
+                preflight(["-m"] + plain, pin_sweep_dir=False)  # every value of every sweep: keys, types, options
     except HydraException as e:
         return f"does not parse: {e}"
     except ConfigError as e:
         return f"{' '.join(plain)}: {e}"
-    for variant in _variants(parsed):
-        why = _check_single(tuple(variant), tuple(keys_only))
+    try:
+        variants = _variants(parsed)
+    except ConfigError as e:
+        return str(e)
+    for variant in variants:
+        why = _check_single(tuple(variant), tuple(keys_only), pythonpath)
         if why:
             return why
     return None
 
 
 @functools.lru_cache(maxsize=None)  # one run's overrides, shared by several commands and sweeps
-def _check_single(variant: tuple[str, ...], keys_only: tuple[str, ...]) -> str | None:
+def _check_single(variant: tuple[str, ...], keys_only: tuple[str, ...], pythonpath: tuple[str, ...]) -> str | None:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     from repro.cli.preflight import _has_key, preflight
 
     try:
-        preflight(list(variant), pin_sweep_dir=False)  # repro.cli.preflight's one-line messages first
+        with on_path(pythonpath):
+            preflight(list(variant), pin_sweep_dir=False)  # repro.cli.preflight's one-line messages first
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(variant), return_hydra_config=True)
     except (HydraException, ConfigError) as e:
@@ -384,7 +422,7 @@ def stale_blocks(page: Path, results: Path = REPO / "results") -> bool:
 def test_commands_compose(page):
     bad = []
     for line, args, error in commands(page):
-        why = check_command(args)
+        why = check_command(args, python_path(line))
         if error is None and why:
             bad.append(f"{line.strip()}\n    -> {why}")
         elif error is not None and (why is None or error not in why):
@@ -437,6 +475,19 @@ def test_a_bad_command_fails():
     assert "seed=1.5" in check_command(["seed=1.5"])
     assert "unknown hydra/launcher" in check_command(["-m", "hydra/launcher=nope", "seed=0,1"])
     assert check_command(["-m", "hydra/launcher=joblib_cpu", "hydra.launcher.n_jobs=2", "seed=0,1"]) is None
+    # a glob sweep: each option it matches (custom needs a class; a glob matching nothing)
+    assert check_command(["-m", "task=conformance", "attention=glob(*,exclude=custom)"]) is None
+    assert "attention=custom needs your class" in check_command(["-m", "task=conformance", "attention=glob(*)"])
+    assert "matches no option" in check_command(["-m", "task=conformance", "attention=glob(nope*)"])
+
+
+def test_a_users_class_is_checked_with_the_commands_pythonpath():
+    line = ("PYTHONPATH=tests/extending python run.py task=conformance attention=custom "
+            "attention._target_=my_attention.softplus.SoftplusAttention")
+    assert python_path(line) == ("tests/extending",) and python_path("python run.py task=copy") == ()
+    assert check_command(run_py_args(line), python_path(line)) is None
+    assert "cannot be imported" in check_command(run_py_args(line))  # off the path: the same command fails
+    assert "my_attention" not in sys.modules
 
 
 def test_collector_reads_every_form(tmp_path):

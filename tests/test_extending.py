@@ -4,6 +4,8 @@ from tests/extending/ exactly where the page says, and run end to end: the atten
 task alone and as a launcher sweep that publishes, the copy task with the new attention, and
 the report with the new section."""
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).resolve().parent / "extending"
+PAGE = REPO / "docs" / "extending.md"
 # what docs/extending.md says to add, and where (its tables name these paths)
 ADDED = {"mean_attention.py": "repro/attention/mean.py", "mean.yaml": "conf/attention/mean.yaml",
          "toy_test_mean_attention.py": "tests/test_mean_attention.py", "norms.py": "repro/tasks/norms.py",
@@ -21,7 +24,8 @@ ADDED = {"mean_attention.py": "repro/attention/mean.py", "mean.yaml": "conf/atte
 
 def test_the_documented_files_are_the_ones_added():
     """The page's tables name each place (with <name> for the example's name) and its example."""
-    page = (REPO / "docs" / "extending.md").read_text()
+    page = PAGE.read_text()
+    assert "`tests/extending/my_attention/softplus.py`" in page  # the user's attention, left where it is
     for src, dest in ADDED.items():
         stem = Path(dest).stem.removeprefix("test_")
         assert f"`{dest.replace(stem, '<name>')}`" in page and f"`tests/extending/{src}`" in page, (src, dest)
@@ -55,3 +59,27 @@ def test_an_attention_a_task_and_a_report_table_added_as_documented_run_end_to_e
     run("-m", "repro.report", "--results", "results")
     report = (clone / "results" / "REPORT.md").read_text()
     assert "## Output norms (task=norms)" in report and "| mean | 8 |" in report
+
+    # a user's attention, in a package of its own: the page's two commands, as written there
+    user = tmp_path / "user"
+    shutil.copytree(TOY / "my_attention", user / "my_attention", ignore=ignore)
+    env["PYTHONPATH"] = os.pathsep.join([str(user), str(clone)])
+    check, copy = user_commands()
+    out = run(*check)
+    shown = re.search(r"```\n(attention +property.*?)```", PAGE.read_text(), re.S)[1].splitlines()[1:]
+    assert len(shown) == 7
+    for line in shown:  # each property with its result, as the page shows it
+        attention, prop, result = re.split(r" {2,}", line)[:3]
+        assert re.search(rf"^{attention} +{re.escape(prop)} +{result} ", out, re.M), line
+    assert (clone / "outputs" / "conformance" / "conformance.csv").is_file()
+    run(*copy, "task.max_len=12", "task.batch_size=4", "trainer.max_steps=3", "trainer.eval_every=0",
+        "trainer.checkpoint=false", "trainer.progress=false")
+
+
+def user_commands():
+    """The page's `PYTHONPATH=tests/extending python run.py ...` commands: [run.py, args...] each,
+    the conformance check's with a run dir of its own."""
+    lines = re.findall(r"^ {4}PYTHONPATH=tests/extending python (run\.py .*)$", PAGE.read_text(), re.M)
+    assert len(lines) == 2 and "task=conformance" in lines[0] and "experiment=smoke_copy" in lines[1], lines
+    check, copy = (shlex.split(line) for line in lines)
+    return check + ["hydra.run.dir=outputs/conformance"], copy
