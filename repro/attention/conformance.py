@@ -8,6 +8,7 @@ calls a comparison makes; `repeatable` checks that this made its calls reproduci
 float32 and float64 layers are copies of one layer, so they hold the same weights and the
 same random features.
 """
+import contextlib
 import copy
 import inspect
 import math
@@ -40,10 +41,6 @@ class Check:
     property: str
     result: str  # pass | fail | skip | not run
     detail: str
-
-
-class Refused(Exception):
-    """A form (causal or not) the attention declines on purpose."""
 
 
 def _refusal(err) -> bool:
@@ -82,7 +79,7 @@ class Conformance:
     # ------------------------------------------------------------------ helpers
 
     def _randn(self, *shape, dtype=torch.float64):
-        # drawn in float32 and widened: float32 and float64 runs see the same numbers
+        # drawn in float32 and widened: cast back to float32 it is exact, so both dtypes can see one input
         return torch.randn(*shape, generator=self.gen).to(self.device, dtype)
 
     def _call(self, fn):
@@ -115,11 +112,12 @@ class Conformance:
     def check(self) -> list[Check]:
         torch.manual_seed(self.seed)
         self.layer = self.factory(d_model=self.d_model, n_heads=self.n_heads)
-        out = [self.interface()]
-        if out[0].result == "fail":
-            return out + [Check(p, "not run", "the interface failed") for p in PROPERTIES[1:]]
-        return out + [self.repeatable(), self.causality(), self.padding(), self.recurrent(), self.precision(),
-                      self.gradients()]
+        with _full_float32():
+            out = [self.interface()]
+            if out[0].result == "fail":
+                return out + [Check(p, "not run", "the interface failed") for p in PROPERTIES[1:]]
+            return out + [self.repeatable(), self.causality(), self.padding(), self.recurrent(), self.precision(),
+                          self.gradients()]
 
     def interface(self) -> Check:
         layer = self.layer
@@ -170,7 +168,7 @@ class Conformance:
                 bad = self._bad_output(got[0], x, (self.batch, self.d_model))
                 if bad:
                     return Check("interface", "fail", f"step in {_name(dtype)}: {bad}")
-        forms = " and ".join("causal" if c else "non-causal" for c in self.forms)
+        forms = " and ".join(_form(c) for c in self.forms)
         return Check("interface", "pass", f"{kind}; {forms} forward; "
                                           + ("a recurrent step" if self.has_step else "no step"))
 
@@ -324,7 +322,7 @@ class Conformance:
                     continue  # unreached: the gradients check names it
                 err = _rel(a, b, max(_scale(b), floor))
                 if err > bwd:
-                    bwd, worst_name = err, f" ({name}, {'causal' if causal else 'non-causal'})"
+                    bwd, worst_name = err, f" ({name}, {_form(causal)})"
         numbers = (f"forward {fwd:.1e} (allowed {FP32_FORWARD:.0e}), backward {bwd:.1e}{worst_name} "
                    f"(allowed {FP32_BACKWARD:.0e}), relative to the float64 scale")
         if fwd <= FP32_FORWARD and bwd <= FP32_BACKWARD:
@@ -346,7 +344,7 @@ class Conformance:
             w = self._randn(self.batch, self.length, self.d_model)
             _, (gx, *gp) = self._forward_backward(torch.float64, x, w, causal)
             if not torch.isfinite(gx).all():
-                return Check("gradients", "fail", f"non-finite gradient of the input ({self._form(causal)})")
+                return Check("gradients", "fail", f"non-finite gradient of the input ({_form(causal)})")
             grads = [a if b is None else b.abs() if a is None else a + b.abs() for a, b in zip(grads, gp)]
         unreached = [n for (n, _), g in zip(named, grads) if g is None]
         bad = [n for (n, _), g in zip(named, grads) if g is not None and not torch.isfinite(g).all()]
@@ -359,11 +357,23 @@ class Conformance:
         tiny = [n for (n, _), g in zip(named, grads) if _scale(g) <= ROUNDING * top]
         note = (f"; at rounding level (the attention is invariant to them): {', '.join(tiny)}" if tiny else "")
         return Check("gradients", "pass", f"{len(named)} parameters, every one reached, finite and non-zero "
-                                          f"(forms: {', '.join(self._form(c) for c in self.forms)}){note}")
+                                          f"(forms: {', '.join(_form(c) for c in self.forms)}){note}")
 
-    @staticmethod
-    def _form(causal):
-        return "causal" if causal else "non-causal"
+
+@contextlib.contextmanager
+def _full_float32():
+    """float32 as float32 on a GPU: TF32 matmuls and convolutions (10-bit mantissas) off while
+    checking, so float32 == float64 measures the attention's arithmetic, not the device's setting."""
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+def _form(causal: bool) -> str:
+    return "causal" if causal else "non-causal"
 
 
 def _name(dtype) -> str:
