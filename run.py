@@ -57,6 +57,19 @@ if __name__ == "__main__":
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     distributed.share_run_dir(sys.argv)  # under torchrun: one run dir, chosen by rank 0, for all ranks
+    if not single_process and runs:  # ... and rank 0 holds its lock for all of them
+        refused = None
+        if distributed.is_main():
+            try:
+                rundir.hold(sys.argv[1:], multirun=is_multirun(sys.argv[1:]))
+            except ConfigError as err:
+                refused = str(err)
+        refused = distributed.broadcast_object(refused)
+        if refused:
+            if distributed.is_main():
+                print(f"error: {refused}", file=sys.stderr)
+            distributed.cleanup()
+            sys.exit(2)
     try:
         main()
     finally:

@@ -91,3 +91,40 @@ def test_printing_the_config_takes_no_lock_and_makes_no_directory(tmp_path):
     d = tmp_path / "run"
     res = run(f"hydra.run.dir={d}", "--cfg", "job")
     assert res.returncode == 0 and "attention:" in res.stdout and not d.exists()
+
+
+def test_a_run_inside_a_running_sweep_is_refused(tmp_path):
+    """A single run named into a job directory of a sweep that is running (the sweep holds its
+    sweep dir) is refused before it writes there; so is a sweep pinned inside it."""
+    sweep = tmp_path / "sweep"
+    rundir.lock(sweep, "sweep")  # this process runs the sweep
+    (sweep / "0").mkdir()
+    res = run(f"hydra.run.dir={sweep / '0'}")
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert f"is inside {sweep}, which is in use by another run (pid {os.getpid()}" in line
+    assert [p.name for p in (sweep / "0").iterdir()] == []
+    res = run("trainer.max_steps=3,4", f"hydra.sweep.dir={sweep / 'inner'}", multirun=True)
+    assert res.returncode == 2 and "is inside" in one_error_line(res) and not (sweep / "inner").exists()
+
+
+def test_torchrun_ranks_share_one_lock_taken_by_rank_0(tmp_path):
+    """Under torchrun rank 0 takes the shared run dir's lock for every rank: a torchrun into a held
+    directory fails (every rank exits 2) with one line from rank 0 and writes nothing there."""
+    import subprocess
+    import sys
+
+    from run_cli import REPO
+
+    held = tmp_path / "run"
+    rundir.lock(held, "run")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "run.py"),
+           *ARGS, f"hydra.run.dir={held}"]
+    res = subprocess.run(cmd, cwd=tmp_path, env={**ENV, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=240)
+    assert res.returncode != 0
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "in use by another run" in errors[0], res.stderr
+    # torchrun's launcher reports a failed child with its own traceback; no frame of ours is in it
+    assert f'File "{REPO / "run.py"}"' not in res.stderr and "repro/" not in res.stderr.split("Traceback", 1)[-1]
+    assert [p.name for p in held.iterdir()] == [rundir.LOCK]

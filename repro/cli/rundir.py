@@ -7,8 +7,11 @@ owner dies (kill -9 included), so a lock left by a dead process is stale by cons
 next run takes it. A run into a directory that holds a finished run's checkpoint is refused here
 too, before Hydra rewrites that run's record, unless trainer.resume names it.
 
-Default run directories carry ${uid:} and never collide. Under torchrun (several ranks share
-one run directory) no lock is taken. On a network file system the lock is as good as its flock.
+A directory inside one that another live run holds (a single run named into a running sweep's
+job directory, or a sweep pinned inside another's) is refused the same way. Default run
+directories carry ${uid:} and never collide. Under torchrun (several ranks share one run
+directory) rank 0 takes the lock for all of them, once the run directory is shared (run.py). On
+a network file system the lock is as good as its flock.
 """
 import fcntl
 import json
@@ -38,9 +41,37 @@ def _override(argv, key):
     return value if isinstance(value, str) else None
 
 
+def _owner(f) -> str:
+    f.seek(0)
+    try:
+        owner = json.loads(f.read() or "{}")
+    except ValueError:
+        owner = {}
+    if not owner:
+        return "owner unknown"
+    return f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
+
+
+def _inside_held(d: Path):
+    """Refuse `d` when a directory above it is held by a live run (its .lock is flocked)."""
+    for parent in d.parents:
+        if not (parent / LOCK).is_file():
+            continue
+        try:
+            with open(parent / LOCK) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise ConfigError(f"{d} is inside {parent}, which is in use by another run ({_owner(f)}): "
+                                      f"wait for it to end, or choose a directory outside it") from None
+        except OSError:
+            continue  # an unreadable lock file above: not ours to judge
+
+
 def lock(directory, what: str) -> Path:
     """Take `directory`'s lock for this process (made if missing) or raise ConfigError."""
     d = Path(directory).resolve()
+    _inside_held(d)
     try:
         d.mkdir(parents=True, exist_ok=True)
         f = open(d / LOCK, "a+")
@@ -49,14 +80,8 @@ def lock(directory, what: str) -> Path:
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        try:
-            owner = json.loads(f.read() or "{}")
-        except ValueError:
-            owner = {}
+        who = _owner(f)
         f.close()
-        who = (f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}" if owner
-               else "owner unknown")
         raise ConfigError(f"{d} is in use by another run ({who}): wait for it to end, or choose another "
                           f"directory (hydra.run.dir, hydra.sweep.dir)") from None
     f.seek(0)
