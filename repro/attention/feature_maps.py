@@ -10,21 +10,32 @@ from torch import nn
 
 
 class _EluPlusOne(torch.autograd.Function):
-    """elu(x) + 1 in one pass from any layout into a new contiguous tensor, where a contiguous
-    copy first would read and write every value once more (measured: the layer's fwd + bwd
-    1-4% faster at N = 256). Its backward is elu's, on the saved input (twice differentiable)."""
+    """elu(x) + 1 from any layout into a new contiguous tensor, where a contiguous copy first
+    would read and write every value once more (measured: the layer's fwd + bwd 1-4% faster at
+    N = 256). On CPU as exp(min(x, 0)) + max(x, 0) (the same function, and exact where elu's
+    expm1(x) + 1 rounds twice): torch's CPU elu kernel takes ~20 ns per value, 3-4x these three
+    passes (1M fp32 values, 1 thread: 20-24 ms against 5.8-6.0 ms, load ~5), and the linear layer
+    runs it again in its backward (repro.attention.linear). Its backward is elu's, on the saved
+    input (twice differentiable), written in the input's layout."""
 
     @staticmethod
     def forward(ctx, x):
         phi = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        torch.ops.aten.elu.out(x, 1.0, 1, 1, out=phi)
         ctx.save_for_backward(x)
+        if x.device.type == "cpu":
+            torch.clamp(x, min=0, out=phi)
+            return phi.add_(x.clamp(max=0).exp_())
+        torch.ops.aten.elu.out(x, 1.0, 1, 1, out=phi)
         return phi.add_(1)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        return torch.ops.aten.elu_backward(g, 1.0, 1, 1, False, x)
+        if torch.is_grad_enabled():  # create_graph: the functional op, which has a derivative
+            return torch.ops.aten.elu_backward(g, 1.0, 1, 1, False, x)
+        # In x's layout (the projection's (B, N, H, D)), which the projection's backward then reads
+        # without a copy: 1.6 ms -> 0.85 ms for 1M values with that copy, measured at 1 thread.
+        return torch.ops.aten.elu_backward.grad_input(g, 1.0, 1, 1, False, x, grad_input=torch.empty_like(x))
 
 
 class FeatureMap(nn.Module):

@@ -3,16 +3,79 @@
     V'_i = phi(Q_i)^T S / phi(Q_i)^T Z,  S = sum_j phi(K_j) V_j^T,  Z = sum_j phi(K_j),
 
 with the sums over j <= i when causal. Its recurrent twin carries (S, Z) from token to token.
+
+What the layer keeps for backward (docs/attention.md): its own autograd Function,
+_RecomputedAttention, keeps only q, k, v (views of the projections' outputs), the output (whose
+storage the output projection keeps too) and 1 / (den + eps), and recomputes phi(Q), phi(K) and
+[v, 1] in its backward, so that the layer keeps no more than SDPA softmax's (x, q, k, v, the
+output and a log-sum-exp). Under create_graph (second derivatives) that backward runs the
+differentiable formula instead (_attend_autograd), so the gradients are differentiable in turn.
 """
 import torch
 
 from repro.attention.base import AttentionLayer
 from repro.attention.feature_maps import EluFeatureMap
+from repro.kernels import cupy_for
 from repro.kernels.normalised import accumulation_dtype as _acc
-from repro.kernels.normalised import causal_linear_attention
+from repro.kernels.normalised import causal_linear_attention, normalised_backward, normalised_forward
 from repro.kernels.recurrent import LinearState, linear_attention_step, new_state
 
 __all__ = ["LinearAttention", "LinearState"]
+
+
+def _buffer_versions(module):
+    return [b._version for b in module.buffers()]
+
+
+class _RecomputedAttention(torch.autograd.Function):
+    """(q, k, v) (B, H, N, D|M) -> y (B, H, N, M), a view of a contiguous (B, N, H, M) tensor,
+    keeping q, k, v, y and inv = 1 / (den + eps) (B, H, N, 1) for backward. phi(Q), phi(K) and
+    [v, 1] are recomputed there: a few elementwise passes, against 2 N F + N (M + 1) values
+    per head kept otherwise (the product's chunk states, about N D M / C more, are recomputed
+    too, by one matmul and a scan)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, key_padding_mask, layer):
+        phi_q, phi_k = layer._phi(q, k, key_padding_mask)
+        acc = _acc(phi_q.dtype)
+        y, inv = normalised_forward(phi_q.to(acc), phi_k.to(acc), v, layer.eps, causal)
+        ctx.save_for_backward(q, k, v, y, inv)
+        # The mask is the caller's and tiny; a feature map's buffers (Performer's W) are module
+        # state, not copied: a redraw before this backward is caught by their versions instead.
+        ctx.causal, ctx.mask, ctx.layer = causal, key_padding_mask, layer
+        ctx.versions = _buffer_versions(layer.feature_map)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, y, inv = ctx.saved_tensors
+        layer, need = ctx.layer, ctx.needs_input_grad[:3]
+        if _buffer_versions(layer.feature_map) != ctx.versions:
+            raise RuntimeError(f"{type(layer).__name__}: the feature map's buffers changed between forward and "
+                               f"backward (a redraw, new_feature_map()); run backward before the next forward")
+        if torch.is_grad_enabled():
+            # create_graph: the gradients through the differentiable formula on the saved inputs
+            # (which keep their graph here), so they are differentiable in turn.
+            inputs = [x for x, r in zip((q, k, v), need) if r]
+            with torch.enable_grad():
+                out = layer._attend_autograd(q, k, v, ctx.causal, ctx.mask)
+            grads = iter(torch.autograd.grad(out, inputs, g, create_graph=True))
+            return (*(next(grads) if r else None for r in need), None, None, None)
+        with torch.enable_grad():  # phi again, with its graph, for phi's own backward below
+            qd, kd = q.detach().requires_grad_(need[0]), k.detach().requires_grad_(need[1])
+            phi_q, phi_k = layer._phi(qd, kd, ctx.mask)
+        grad_phi_q, grad_phi_k, grad_v = normalised_backward(phi_q.detach().to(inv.dtype), phi_k.detach().to(inv.dtype),
+                                                             v, y, inv, g, ctx.causal, need)
+        phis = [(p, gr) for p, gr, r in ((phi_q, grad_phi_q, need[0]), (phi_k, grad_phi_k, need[1])) if r]
+        grad_q = grad_k = None
+        if phis:
+            grads = iter(torch.autograd.grad([p for p, _ in phis], [x for x, r in ((qd, need[0]), (kd, need[1])) if r],
+                                             [gr.to(p.dtype) for p, gr in phis]))
+            grad_q, grad_k = (next(grads) if r else None for r in need[:2])
+        if grad_v is not None:  # into the projection's (B, N, H, M) layout: its backward reads it as is
+            grad_v = torch.empty_like(v.transpose(1, 2), memory_format=torch.contiguous_format).transpose(1, 2) \
+                .copy_(grad_v)
+        return grad_q, grad_k, grad_v, None, None, None
 
 
 class LinearAttention(AttentionLayer):
@@ -23,7 +86,8 @@ class LinearAttention(AttentionLayer):
         self.feature_map = (feature_map or EluFeatureMap)(self.d_keys)
         self.eps = eps
 
-    def attend(self, q, k, v, causal, key_padding_mask):
+    def _phi(self, q, k, key_padding_mask):
+        """phi(Q), phi(K) (B, H, N, F), padded keys zeroed."""
         # q and k are (B, N, H, D) projections seen as (B, H, N, D). A feature map that writes a
         # contiguous phi from any layout (elu + 1) takes them as they are; others get contiguous
         # copies, and so does every map under torch.compile: on such a layout torch's meta
@@ -34,11 +98,30 @@ class LinearAttention(AttentionLayer):
         phi_q, phi_k = self.feature_map(q), self.feature_map(k)  # (B, H, N, F), contiguous
         if key_padding_mask is not None:
             phi_k = phi_k.masked_fill(key_padding_mask[:, None, :, None], 0.0)  # padded keys add nothing
+        return phi_q, phi_k
+
+    def _recomputes(self, q, k, v, causal):
+        """Whether attend takes _RecomputedAttention: not in traced graphs (the compiler keeps its
+        own choice of what to save), not for a feature map with trainable parameters (the
+        Function returns no gradient for them), not where the fused CUDA kernel runs."""
+        if torch.compiler.is_compiling() or any(p.requires_grad for p in self.feature_map.parameters()):
+            return False
+        return not (causal and cupy_for("linear_attention_unsupported_reason", q, k, v))
+
+    def attend(self, q, k, v, causal, key_padding_mask):
+        if self._recomputes(q, k, v, causal):
+            return _RecomputedAttention.apply(q, k, v, causal, key_padding_mask, self)  # (B, H, N, M)
+        return self._attend_autograd(q, k, v, causal, key_padding_mask)
+
+    def _attend_autograd(self, q, k, v, causal, key_padding_mask):
+        """The attention by differentiable ops (autograd keeps what each op saves): traced graphs,
+        the fused CUDA kernel, and second derivatives of _RecomputedAttention."""
+        phi_q, phi_k = self._phi(q, k, key_padding_mask)
         if causal:  # sums over j <= i: the kernel dispatcher picks the path
             return causal_linear_attention(phi_q, phi_k, v, self.eps)  # (B, H, N, M)
         acc = _acc(phi_q.dtype)
-        phi_q, phi_k, v = phi_q.to(acc), phi_k.to(acc), v.to(acc)
-        S = phi_k.transpose(-1, -2) @ v  # (B, H, F, M): sum_j phi(K_j) V_j^T
+        phi_q, phi_k = phi_q.to(acc), phi_k.to(acc)
+        S = phi_k.transpose(-1, -2) @ v.to(acc)  # (B, H, F, M): sum_j phi(K_j) V_j^T
         Z = phi_k.sum(2)  # (B, H, F): sum_j phi(K_j)
         num = phi_q @ S  # (B, H, N, M)
         den = (phi_q @ Z[..., None])[..., 0]  # (B, H, N)

@@ -3,6 +3,7 @@
     causal_dot_product(q, k, v, out_dtype=None) -> out
     q, k: (B, H, N, D), v: (B, H, N, M) -> out: (B, H, N, M), in q's dtype or out_dtype
     out[..., i, :] = sum_{j<=i} (q_i . k_j) v_j        (unnormalised; no feature map)
+    causal_dot_product_backward(q, k, v, g, need) -> (grad q, grad k, grad v), outside autograd
 
 Backends, in order of preference:
   cupy   raw CUDA kernels (CUDA tensors; module repro.kernels.cupy_backend, when built)
@@ -13,11 +14,11 @@ repro.kernels.normalised.causal_linear_attention: the normalised causal attentio
 (the fused CUDA kernel, or the normaliser folded into this product).
 """
 from repro.kernels.backend import BACKENDS, forced_backend
-from repro.kernels.chunked import causal_dot_product_chunked, default_chunk_size
+from repro.kernels.chunked import causal_dot_product_chunked, causal_dot_product_chunked_backward, default_chunk_size
 from repro.kernels.reference import causal_dot_product_loop, causal_dot_product_naive
 
-__all__ = ["BACKENDS", "causal_dot_product", "select_backend", "causal_dot_product_chunked",
-           "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size"]
+__all__ = ["BACKENDS", "causal_dot_product", "causal_dot_product_backward", "select_backend",
+           "causal_dot_product_chunked", "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size"]
 
 
 def _check_inputs(q, k, v):
@@ -86,3 +87,16 @@ def causal_dot_product(q, k, v, out_dtype=None):
             q, k, v = q.to(out_dtype), k.to(out_dtype), v.to(out_dtype)
         return cupy_backend.causal_dot_product(q, k, v)
     return causal_dot_product_chunked(q, k, v, out_dtype=out_dtype)
+
+
+def causal_dot_product_backward(q, k, v, g, need=(True, True, True)):
+    """The gradients of causal_dot_product(q, k, v) for the upstream gradient g (B, H, N, M), by
+    the backend the forward took for these inputs, without a graph (None where `need` is False):
+    for callers that recompute q, k, v in their own backward instead of keeping the product's
+    autograd node (repro.attention.linear)."""
+    _check_inputs(q, k, v)
+    if select_backend(q, k, v)[0] == "cupy":
+        from repro.kernels import cupy_backend
+        grads = cupy_backend.causal_dot_product_backward(q, k, v, g)
+        return tuple(gr if r else None for gr, r in zip(grads, need))
+    return causal_dot_product_chunked_backward(q, k, v, g, need)

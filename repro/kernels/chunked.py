@@ -343,6 +343,18 @@ class CausalDotProduct(torch.autograd.Function):
         return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v))) + (None, None, None)
 
 
+def causal_dot_product_chunked_backward(q, k, v, g, need=(True, True, True), chunk_size=None):
+    """The gradients of causal_dot_product_chunked(q, k, v) for the upstream gradient g, outside
+    autograd (each None where `need` says so; in the inputs' dtypes): the backward of a layer
+    that recomputes q, k, v instead of keeping them. The chunk states are recomputed (one matmul
+    and a scan), where the Function keeps them from its forward."""
+    c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
+    cd = _compute_dtype(q.dtype)
+    with torch.autocast(q.device.type, enabled=False):
+        grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), c, tuple(need))
+    return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v)))
+
+
 def causal_dot_product_chunked(q, k, v, chunk_size=None, out_dtype=None):
     """out_dtype: the result's dtype, q's by default. The sums run in fp32 (fp64 for fp64) either
     way, so torch.float32 gives half-precision inputs' sums unrounded (they overflow fp16 at
