@@ -173,6 +173,6 @@ def test_the_dispatchers_backward_against_the_naive_formula(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     calls = []
     monkeypatch.setattr(kernels, "select_backend", lambda *a: ("cupy", "a test"))
-    monkeypatch.setattr(cupy_backend, "causal_dot_product_backward", lambda *a: calls.append(a) or want)
+    monkeypatch.setattr(cupy_backend, "_cdp_backward", lambda *a: calls.append(a) or want)
     got = causal_dot_product_backward(q, k, v, g, (False, True, True))
     assert len(calls) == 1 and got[0] is None and got[1] is want[1] and got[2] is want[2]

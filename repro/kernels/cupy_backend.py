@@ -314,11 +314,6 @@ def causal_dot_product(q, k, v):
     return _cdp(q, k, v)
 
 
-def causal_dot_product_backward(q, k, v, g):
-    """(grad q, grad k, grad v) of causal_dot_product for the upstream gradient g, without a graph."""
-    return _cdp_backward(q, k, v, g)
-
-
 # --------------------------------------------------------------------------- fused normaliser
 
 @torch.library.custom_op("repro::causal_linear_attention", mutates_args=(), device_types="cuda")
