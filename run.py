@@ -74,5 +74,6 @@ if __name__ == "__main__":
         main()
     finally:
         distributed.cleanup()
-    if jobs.failed_jobs:  # a sweep that went on past failed jobs (listed at its end) still fails
+    if jobs.failed_jobs or jobs.summary_error:  # a sweep that went on past failed jobs (listed at its end), or
+        # whose summary failed, still fails
         sys.exit(1)

@@ -134,9 +134,9 @@ def test_valid_overrides_that_look_odd_pass_the_command_line_check(override):
     assert preflight(argv) == argv
 
 
-# Settings where 0 is a valid choice: off (eval_every, checkpoint_every, eval_batches, the
-# SpecAugment masks, beam_size: greedy), none (dropout, warmup, patience), all (n_samples), a seed
-ZERO_IS_VALID = {"eval_every", "eval_batches", "checkpoint_every", "dropout", "embedding_dropout", "warmup",
+# Settings where 0 is a valid choice: off (eval_every, checkpoint_every, the SpecAugment masks,
+# beam_size: greedy), none (dropout, warmup, patience), all (n_samples), a seed
+ZERO_IS_VALID = {"eval_every", "checkpoint_every", "dropout", "embedding_dropout", "warmup",
                  "n_samples", "patience", "time_mask", "freq_mask", "n_masks", "eval_seed", "seed", "beam_size"}
 
 
@@ -174,6 +174,24 @@ def test_every_numeric_option_refuses_zero_negative_and_non_finite_values_in_one
             assert task in ("cifar", "mnist") or len(keys) >= 3, (task, keys)
             _refused(compose, validate, task, keys)
     assert len(seen) > 60
+
+
+@pytest.mark.parametrize("task,key", [("mnist", "task.resize"), ("mnist", "task.max_train"),
+                                      ("copy", "trainer.scheduler.milestones"), ("copy", "trainer.eval_batches")])
+def test_options_that_default_to_null_or_a_list_are_checked_too(task, key):
+    """Keys the table above cannot walk (null by default, or a list): an image size of 0 used to
+    end in a traceback, max_train=0 or -5 trained on (nearly) every image, a negative milestone
+    never decayed the learning rate, and eval_batches=0 reported a NaN held-out loss as ok."""
+    from hydra import compose, initialize_config_dir
+
+    from repro.cli.validate import validate
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for value in ("0", "-5") if not key.endswith("milestones") else ("[-5]", "[0]"):
+            cfg = compose("config", overrides=[f"task={task}", f"{key}={value}"])
+            with pytest.raises(ConfigError) as err:
+                validate(cfg)
+            assert key.rsplit(".", 1)[-1] in str(err.value) and "\n" not in str(err.value)
 
 
 def _refused(compose, validate, task, keys):

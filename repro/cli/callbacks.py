@@ -50,7 +50,25 @@ class AggregateSweep(Callback):
             publish_dir(config, HydraConfig.get().runtime.output_dir)
 
     def on_multirun_end(self, config, **kwargs):
+        from repro.cli import jobs
+
         sweep_dir = Path(config.hydra.sweep.dir)
+        # Hydra turns an exception raised here into a warning and the sweep would exit 0: a summary
+        # that fails is recorded instead, and run.py exits 1 naming it.
+        try:
+            self._aggregate(config, sweep_dir)
+        except Exception as err:  # noqa: BLE001 (any failure of the summary fails the sweep, in one line)
+            jobs.summary_error = jobs.error_line(err) or f"{type(err).__name__}: {err}"
+            print(f"\nerror: the sweep's summary in {sweep_dir} failed: {jobs.summary_error}", file=sys.stderr)
+        jobs.failed_jobs[:] = jobs.sweep_failures(sweep_dir)
+        if jobs.failed_jobs:
+            n = len([d for d in sweep_dir.iterdir() if (d / ".hydra").is_dir()])
+            print(f"\nerror: {len(jobs.failed_jobs)} of {n} jobs of the sweep failed:", file=sys.stderr)
+            for job in jobs.failed_jobs:
+                print(f"  #{job['job']} {' '.join(job['overrides'])}: {job['error']}", file=sys.stderr)
+
+    @staticmethod
+    def _aggregate(config, sweep_dir: Path):
         by_task, modules = defaultdict(list), {}
         for path in sorted(sweep_dir.glob("*/results.jsonl"), key=lambda p: p.parent.name):
             for row in read_jsonl(path):
@@ -67,11 +85,3 @@ class AggregateSweep(Callback):
             from repro.cli.logging import publish_dir
 
             publish_dir(config, sweep_dir, group=sweep_dir.name, job_type="sweep", name=f"{sweep_dir.name}-aggregate")
-        from repro.cli import jobs
-
-        jobs.failed_jobs[:] = jobs.sweep_failures(sweep_dir)
-        if jobs.failed_jobs:
-            n = len([d for d in sweep_dir.iterdir() if (d / ".hydra").is_dir()])
-            print(f"\nerror: {len(jobs.failed_jobs)} of {n} jobs of the sweep failed:", file=sys.stderr)
-            for job in jobs.failed_jobs:
-                print(f"  #{job['job']} {' '.join(job['overrides'])}: {job['error']}", file=sys.stderr)

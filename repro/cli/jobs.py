@@ -25,6 +25,7 @@ from repro.training.stopping import DIVERGED
 
 FAILED_FILE = "failed.json"
 failed_jobs: list[dict] = []  # in the launching process, after a sweep: its failed jobs
+summary_error: str | None = None  # ... and why its summary (the tasks' aggregate) failed, if it did
 
 
 # The file system's refusals (a full disk or quota, no permission, a read-only mount, a path

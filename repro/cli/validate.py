@@ -40,10 +40,10 @@ POSITIVE_KEYS = {"batch_size", "batch", "n_mixtures", "repeats", "tokens", "prob
                  "heads", "d", "m", "n_layers", "chunk_size", "initial_cache", "time_budget_s", "eps", "gamma",
                  "factor", "n_features", "n_rounds", "n_buckets", "bucket_size", "window", "n_landmarks",
                  "n_mels", "eval_batch_size", "renditions", "n_sentences", "min_words", "max_words", "hidden",
-                 "subsample", "batch_size_by_attention"}
+                 "subsample", "batch_size_by_attention", "resize", "max_train", "milestones"}
 # Keys where 0 means none or off, and a negative value nothing: >= 0
 NON_NEGATIVE_KEYS = {"warmup", "n_samples", "patience", "freq_mask", "time_mask", "n_masks", "eval_every",
-                     "checkpoint_every", "eval_batches", "seed", "eval_seed", "beam_size"}  # numpy: no negative seed
+                     "checkpoint_every", "seed", "eval_seed", "beam_size"}  # numpy: no negative seed
 FRACTION_KEYS = {"valid_fraction", "test_fraction"}  # a share of the data: in (0, 1)
 
 

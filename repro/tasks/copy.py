@@ -91,8 +91,16 @@ def curves(df) -> pd.DataFrame:
             else pd.DataFrame(columns=cols))
 
 
+FINAL_COLUMNS = ["max_len", "attention", "n_seeds", "steps", "train_loss", "eval_loss", "eval_loss_std",
+                 "eval_accuracy", "eval_accuracy_std", "eval_seq_accuracy", "time_per_step_ms", "cpu_time_per_step_ms",
+                 "status"]
+
+
 def finals(df) -> pd.DataFrame:
-    """Per (N, attention): final held-out loss/accuracy (mean and std over seeds), time per step."""
+    """Per (N, attention): final held-out loss/accuracy (mean and std over seeds), time per step.
+    Runs without a final row (killed, or refused before training) have none here."""
+    if "kind" not in df or not (df.kind == "final").any():
+        return pd.DataFrame(columns=FINAL_COLUMNS)
     g = df[df.kind == "final"].groupby(["max_len", "attention"])
 
     def col(key, how):

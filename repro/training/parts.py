@@ -38,9 +38,13 @@ def validate(t):
     for key in ("max_steps", "log_every"):
         if not isinstance(t[key], int) or t[key] < 1:
             raise ConfigError(f"trainer.{key} must be a positive integer; got {t[key]!r}")
-    for key in ("eval_every", "checkpoint_every", "eval_batches"):
+    for key in ("eval_every", "checkpoint_every"):
         if t[key] is not None and (not isinstance(t[key], int) or t[key] < 0):
             raise ConfigError(f"trainer.{key} must be a non-negative integer or null; got {t[key]!r}")
+    if t.eval_batches is not None and (not isinstance(t.eval_batches, int) or t.eval_batches < 1):
+        # 0 batches is an evaluation of nothing: a NaN loss reported as a result
+        raise ConfigError(f"trainer.eval_batches must be a positive integer (the held-out batches of every "
+                          f"evaluation); got {t.eval_batches!r} (to evaluate never, set trainer.eval_every=0)")
     limit = t.max_time_s
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
                               or not math.isfinite(limit) or limit <= 0):
