@@ -128,3 +128,35 @@ def test_torchrun_ranks_share_one_lock_taken_by_rank_0(tmp_path):
     # torchrun's launcher reports a failed child with its own traceback; no frame of ours is in it
     assert f'File "{REPO / "run.py"}"' not in res.stderr and "repro/" not in res.stderr.split("Traceback", 1)[-1]
     assert [p.name for p in held.iterdir()] == [rundir.LOCK]
+
+
+def test_a_directory_named_through_an_environment_variable_is_locked_too(tmp_path):
+    """hydra.run.dir=${oc.env:RUNDIR}: resolved before the lock (it used to be skipped as if it
+    were a fresh ${now:} directory, and two such runs wrote one folder)."""
+    held = tmp_path / "envrun"
+    rundir.lock(held, "run")
+    res = run_py(*ARGS, "hydra.run.dir=${oc.env:RUNDIR}", env={**ENV, "RUNDIR": str(held)})
+    assert res.returncode == 2 and "in use by another run" in one_error_line(res)
+    assert [p.name for p in held.iterdir()] == [rundir.LOCK]
+
+
+def test_a_refused_resume_in_place_leaves_the_runs_record_as_it_was(tmp_path):
+    """trainer.resume=D hydra.run.dir=D with another seed: refused by the checkpoint's fingerprint
+    before Hydra rewrites D/.hydra (it used to record seed=5 there, then refuse)."""
+    d = tmp_path / "run"
+    assert run(f"hydra.run.dir={d}").returncode == 0
+    before = tree(d)
+    res = run(f"hydra.run.dir={d}", f"trainer.resume={d}", "seed=5")
+    assert res.returncode == 2 and "does not match this run: seed is 0 there, 5 here" in one_error_line(res)
+    assert tree(d) == before
+    res = run(f"hydra.run.dir={d}", f"trainer.resume={d}", "trainer.max_steps=8")  # an allowed change goes on
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_a_finished_run_without_a_checkpoint_is_not_overwritten(tmp_path):
+    d = tmp_path / "run"
+    assert run(f"hydra.run.dir={d}", "trainer.checkpoint=false").returncode == 0
+    before = tree(d)
+    res = run(f"hydra.run.dir={d}", "trainer.checkpoint=false", "trainer.max_steps=7")
+    assert res.returncode == 2 and "already holds a run's results" in one_error_line(res)
+    assert tree(d) == before

@@ -366,6 +366,13 @@ def test_a_checkpoint_damaged_after_it_was_written_is_refused(compose_cfg, tmp_p
     (tmp_path / "v1.pt").write_bytes(buf.getvalue())
     with pytest.raises(ConfigError, match="first format.*train afresh"):
         load_checkpoint(tmp_path / "v1.pt")
+    whole = (tmp_path / "ok/checkpoints/last.pt")
+    train(compose_cfg, tmp_path / "cut", "trainer.max_steps=2")  # its checksum trailer cut off
+    cut = tmp_path / "cut/checkpoints/last.pt"
+    cut.write_bytes(cut.read_bytes()[:-(len(b"\nrepro-sha256:") + 65)])  # the torch file whole, no trailer
+    with pytest.raises(ConfigError, match="has lost its checksum"):
+        load_checkpoint(cut)
+    assert whole.is_file()
 
 
 @pytest.mark.parametrize("change", ["seed=1", "task.max_len=12"])

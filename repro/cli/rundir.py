@@ -5,7 +5,9 @@ there (.hydra/, run.log) until the process ends. A second run into a held direct
 one line naming the owner and touches nothing. The operating system releases the lock when its
 owner dies (kill -9 included), so a lock left by a dead process is stale by construction: the
 next run takes it. A run into a directory that holds a finished run's checkpoint is refused here
-too, before Hydra rewrites that run's record, unless trainer.resume names it.
+too, before Hydra rewrites that run's record, unless trainer.resume names it (and its checkpoint
+accepts this run's settings); so is one that holds a run's results and no checkpoint. A
+directory named through environment variables (${oc.env:X}) is resolved first.
 
 A directory inside one that another live run holds (a single run named into a running sweep's
 job directory, or a sweep pinned inside another's) is refused the same way. Default run
@@ -97,11 +99,58 @@ def hold(argv: list[str], multirun: bool):
     """Before Hydra starts: lock the run's named directory or the sweep's pinned one (see the
     module docstring). Raises ConfigError."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    directory = _override(argv, key)
-    if directory is None or "${" in directory:  # Hydra's default (with ${uid:}): a fresh directory
+    directory = _resolved(_override(argv, key))
+    if directory is None:  # Hydra's default (with ${uid:}) or a ${now:}: a fresh directory
         return None
     if not multirun:
         from repro.training.checkpoint import check_run_dir
 
-        check_run_dir(Path(directory), _override(argv, "trainer.resume"))
+        resume = _override(argv, "trainer.resume")
+        check_run_dir(Path(directory), resume)
+        rows = Path(directory) / "results.jsonl"
+        if rows.is_file() and rows.stat().st_size and not (Path(directory) / "checkpoints" / "last.pt").is_file():
+            # a finished (or failed) run that kept no checkpoint: nothing to continue, its rows to lose
+            raise ConfigError(f"{directory} already holds a run's results ({rows}) and no checkpoint to continue "
+                              f"it from: train in a new run dir (leave hydra.run.dir unset, or name another)")
+        if resume:
+            _check_resume(argv, resume)
     return lock(directory, "sweep" if multirun else "run")
+
+
+FRESH = ("${now:", "${uid:", "${hydra:")  # interpolations that name a new directory (or only Hydra knows)
+
+
+def _resolved(directory):
+    """The directory a `hydra.run.dir`/`hydra.sweep.dir` value names, its environment variables
+    (${oc.env:X}) resolved; None for Hydra's fresh ones (${now:}, ${uid:}) and for what cannot be
+    resolved here (Hydra reports that itself)."""
+    if directory is None or "${" not in directory:
+        return directory
+    if any(f in directory for f in FRESH):
+        return None
+    from omegaconf import OmegaConf
+
+    try:
+        return str(OmegaConf.create({"d": directory}).d)
+    except Exception:  # noqa: BLE001 (a missing variable or a bad interpolation: Hydra's to report)
+        return None
+
+
+def _check_resume(argv, resume):
+    """A resume that its checkpoint refuses (another seed, another size: a different fingerprint) is
+    refused here, before Hydra rewrites the run's record (.hydra/) in place: the same check the
+    trainer makes, on the config composed from these overrides."""
+    from hydra import compose, initialize_config_dir
+
+    from repro.cli.config import CONF_DIR
+    from repro.training.checkpoint import check_fingerprint, load_checkpoint
+    from repro.training.parts import default_fingerprint
+
+    overrides = [a for a in argv if not a.startswith("-") and a.split("=", 1)[0].lstrip("+~").split(".")[0] != "hydra"]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+        fingerprint = default_fingerprint(cfg)
+    except Exception:  # noqa: BLE001 (a bad override: Hydra reports it in its own words, before any write)
+        return
+    check_fingerprint(load_checkpoint(resume), fingerprint)

@@ -82,6 +82,7 @@ def check_run_dir(run_dir, resume):
                           f"or name another)")
 
 
+
 def run_dir_of(checkpoint: Path) -> Path:
     """The run dir a checkpoint file belongs to (<run dir>/checkpoints/last.pt, or a file beside
     its rows)."""
@@ -102,6 +103,9 @@ def load_checkpoint(path) -> dict:
         raise ConfigError(f"checkpoint {path} is of the first format (repro-checkpoint-v1: no checksum, and a "
                           "fingerprint of the model and attention alone, so its other settings cannot be checked); "
                           "resume it with the commit that wrote it, or train afresh")
+    if isinstance(state, dict) and state.get("format") == FORMAT and payload is None:
+        raise ConfigError(f"checkpoint {path} has lost its checksum (its end was cut off, or another tool rewrote "
+                          f"it): it cannot be trusted; resume from another checkpoint or train afresh")
     if not isinstance(state, dict) or state.get("format") != FORMAT or payload is None:
         raise ConfigError(f"checkpoint {path} is not a {FORMAT} checkpoint "
                           f"(format {state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
