@@ -8,11 +8,11 @@ import pytest
 import torch
 from hydra.utils import get_class, instantiate
 
-from repro.cli.config import CONF_DIR, compose_group
+from repro.cli.attention import named_attentions
+from repro.cli.config import compose_group
 
 # every attention config whose class has a recurrent form (the others re-run the prefix to generate)
-CONFIGS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml")
-                 if get_class(compose_group("attention", p.stem)._target_).recurrent)
+CONFIGS = sorted(name for name in named_attentions() if get_class(compose_group("attention", name)._target_).recurrent)
 D_MODEL, HEADS = 32, 4
 
 
