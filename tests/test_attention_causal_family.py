@@ -12,8 +12,9 @@ from omegaconf import OmegaConf
 from repro.attention.local import LocalAttention
 from repro.attention.lsh import LSHAttention
 from repro.attention.performer import PerformerAttention
-from repro.attention.rfa import RFAAttention, gated_causal_dot_product
+from repro.attention.rfa import RFAAttention
 from repro.cli.config import compose_group
+from repro.kernels import gated_causal_dot_product
 from repro.models import AutoregressiveTransformer
 
 CONFIGS = ["lsh-1", "lsh-4", "lsh-8", "performer", "rfa", "local"]

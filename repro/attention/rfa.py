@@ -12,7 +12,8 @@ The optional gate (RFA-Gate, a learned recency bias) makes the state a decayed s
     g_t = sigmoid(w_g . x_t + b_g)        (one gate per head and token)
     S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T,   Z_t = g_t Z_{t-1} + (1 - g_t) phi(k_t).
 Its parallel form, out_i = sum_{j<=i} exp(sum_{l=j+1..i} log g_l) (1 - g_j) (phi(q_i).phi(k_j)) v_j,
-is computed chunk by chunk (gated_causal_dot_product): O(N (C + F M / C)) memory, never (N, N).
+is computed chunk by chunk (repro.kernels.gated_causal_dot_product, one decay per step):
+O(N (C + F M / C)) memory, never (N, N).
 Without the gate, causal attention goes through repro.kernels.causal_dot_product.
 """
 from dataclasses import dataclass
@@ -22,41 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.attention.base import AttentionLayer
-from repro.kernels import causal_dot_product
+from repro.kernels import causal_dot_product, gated_causal_dot_product
 
 
 def _acc(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def gated_causal_dot_product(q, k, v, log_g, chunk_size: int = 64):
-    """q, k: (B, H, N, F), v: (B, H, N, M), log_g: (B, H, N) <= 0 ->
-    out_i = sum_{j<=i} exp(sum_{l=j+1..i} log_g_l) (q_i . k_j) v_j, (B, H, N, M).
-
-    Inside a chunk the decays exp(c_i - c_j) come from a local cumulative sum c (bounded by 1
-    for j <= i); across chunks a state S, decayed by each chunk's total, carries the past
-    (a loop over N / C chunks)."""
-    n, c = q.shape[2], chunk_size
-    pad = (-n) % c
-    if pad:  # zero keys add nothing; log g = 0 is no decay
-        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        log_g = F.pad(log_g, (0, pad))
-    qc, kc, vc = (t.unflatten(2, (-1, c)) for t in (q, k, v))  # (B, H, nc, C, X)
-    cum = log_g.unflatten(2, (-1, c)).cumsum(-1)  # (B, H, nc, C)
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    rel = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf"))  # (..., C, C)
-    out = ((qc @ kc.transpose(-1, -2)) * rel.exp()) @ vc  # within each chunk
-    # chunk j's contribution to the state at its end: sum_i exp(c_last - c_i) k_i v_i^T
-    kv = (kc * (cum[..., -1:] - cum).exp()[..., None]).transpose(-1, -2) @ vc  # (B, H, nc, F, M)
-    total = cum[..., -1].exp()  # (B, H, nc): the decay across a whole chunk
-    s = torch.zeros_like(kv[:, :, 0])
-    before = []
-    for j in range(kv.shape[2]):  # S before chunk j
-        before.append(s)
-        s = total[:, :, j, None, None] * s + kv[:, :, j]
-    s = torch.stack(before, 2)  # (B, H, nc, F, M)
-    out = out + (qc * cum.exp()[..., None]) @ s
-    return out.flatten(2, 3)[:, :, :n]
 
 
 @dataclass
@@ -120,7 +91,7 @@ class RFAAttention(AttentionLayer):
         if causal and self.gated:
             if keep is not None:  # padding neither adds nor decays
                 log_g = log_g * keep
-            out = gated_causal_dot_product(q, k, vz, log_g, self.chunk_size)
+            out = gated_causal_dot_product(q, k, vz, log_g, chunk_size=self.chunk_size)
         elif causal:
             out = causal_dot_product(q, k, vz)
         else:

@@ -12,28 +12,71 @@ The environment variable REPRO_KERNEL=torch|cupy forces one (read in repro.kerne
 alone). The naive references in repro.kernels.reference are for tests only. Beside it,
 repro.kernels.normalised.causal_linear_attention: the normalised causal attention on feature maps
 (the fused CUDA kernel, or the normaliser folded into this product).
+
+Its successors, with the same conventions (chunked PyTorch paths, any device; docs/kernels.md):
+    gated_causal_dot_product(q, k, v, log_g)   S_i = diag(exp(log_g_i)) S_{i-1} + k_i v_i^T, out_i = S_i^T q_i
+        log_g (B, H, N): one decay per step (retention, RFA); (B, H, N, D): one per key dimension (GLA)
+    delta_rule_dot_product(q, k, v, beta)      S_t = S_{t-1} + k_t beta_t (v_t - S_{t-1}^T k_t)^T, out_t = S_t^T q_t
+        beta (B, H, N)
 """
 from repro.kernels.backend import BACKENDS, forced_backend
 from repro.kernels.chunked import causal_dot_product_chunked, causal_dot_product_chunked_backward, default_chunk_size
-from repro.kernels.reference import causal_dot_product_loop, causal_dot_product_naive
+from repro.kernels.delta import delta_rule_dot_product_chunked
+from repro.kernels.gated import gated_causal_dot_product_chunked
+from repro.kernels.reference import (
+    causal_dot_product_loop,
+    causal_dot_product_naive,
+    delta_rule_loop,
+    gated_causal_dot_product_loop,
+)
 
 __all__ = ["BACKENDS", "causal_dot_product", "causal_dot_product_backward", "select_backend",
-           "causal_dot_product_chunked", "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size"]
+           "causal_dot_product_chunked", "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size",
+           "gated_causal_dot_product", "delta_rule_dot_product", "gated_causal_dot_product_chunked",
+           "delta_rule_dot_product_chunked", "gated_causal_dot_product_loop", "delta_rule_loop"]
 
 
-def _check_inputs(q, k, v):
-    if q.dim() < 2 or q.shape != k.shape:
-        raise ValueError(f"causal_dot_product: q and k must share a shape (B, H, N, D); "
+def _check_inputs(q, k, v, op="causal_dot_product", min_dim=2):
+    if q.dim() < min_dim or q.shape != k.shape:
+        raise ValueError(f"{op}: q and k must share a shape (B, H, N, D); "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(f"causal_dot_product: v must be (B, H, N, M) with the B, H, N of q; "
+        raise ValueError(f"{op}: v must be (B, H, N, M) with the B, H, N of q; "
                          f"got q {tuple(q.shape)}, v {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise ValueError(f"causal_dot_product: q, k, v must share one floating dtype; "
+        raise ValueError(f"{op}: q, k, v must share one floating dtype; "
                          f"got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"causal_dot_product: q, k, v must be on one device; "
+        raise ValueError(f"{op}: q, k, v must be on one device; "
                          f"got {q.device}, {k.device}, {v.device}")
+
+
+def _check_extra(op, name, x, q, shapes):
+    """x (log_g, beta) of one of `shapes` (tuples of q's dims), floating, on q's device."""
+    valid = [tuple(q.shape[i] for i in dims) for dims in shapes]
+    if tuple(x.shape) not in valid or not x.is_floating_point() or x.device != q.device:
+        raise ValueError(f"{op}: {name} must be a floating tensor on {q.device} of shape "
+                         f"{' or '.join(str(v) for v in valid)}; got {x.dtype} {tuple(x.shape)} on {x.device}")
+
+
+def gated_causal_dot_product(q, k, v, log_g, chunk_size=None):
+    """out_i = sum_{j<=i} ((q_i * prod_{j<t<=i} exp(log_g_t)) . k_j) v_j; log_g <= 0 (B, H, N) or
+    (B, H, N, D). The chunked path (repro.kernels.gated) on every device."""
+    _check_inputs(q, k, v, "gated_causal_dot_product", 4)
+    _check_extra("gated_causal_dot_product", "log_g", log_g, q, ((0, 1, 2), (0, 1, 2, 3)))
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"gated_causal_dot_product: chunk_size must be >= 1; got {chunk_size}")
+    return gated_causal_dot_product_chunked(q, k, v, log_g, chunk_size)
+
+
+def delta_rule_dot_product(q, k, v, beta, chunk_size=None):
+    """The delta rule's outputs o_t = S_t^T q_t; beta (B, H, N). The chunked WY / UT path
+    (repro.kernels.delta) on every device."""
+    _check_inputs(q, k, v, "delta_rule_dot_product", 4)
+    _check_extra("delta_rule_dot_product", "beta", beta, q, ((0, 1, 2),))
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"delta_rule_dot_product: chunk_size must be >= 1; got {chunk_size}")
+    return delta_rule_dot_product_chunked(q, k, v, beta, chunk_size)
 
 
 def _cupy_unavailable(check, *tensors):

@@ -1,0 +1,53 @@
+"""The delta rule (Schlag, Irie and Schmidhuber 2021), chunked by the WY / UT transform of
+Yang et al. 2024 ("Parallelizing Linear Transformers with the Delta Rule over Sequence Length"):
+
+    S_t = S_{t-1} + k_t beta_t (v_t - S_{t-1}^T k_t)^T,   o_t = S_t^T q_t
+
+Per chunk of C tokens (rows t of K, V, Q; S the state before the chunk), the new values the
+chunk writes, u_t = beta_t (v_t - S_{t-1}^T k_t), solve one unit lower-triangular system:
+    (I + tril(diag(beta) K K^T, -1)) U' = diag(beta) (V - K S)
+so with the UT transform T = (I + tril(diag(beta) K K^T, -1))^{-1} diag(beta), taken once per
+chunk in parallel (W = T K, U = T V: one triangular solve with [K | V] on the right),
+    U' = U - W S,   O = Q S + tril(Q K^T) U',   S <- S + K^T U'.
+Only the two (C, D) x (D, M) products of U' and S wait on the previous chunk: a loop over the
+N / C chunks; the rest is batched over every chunk at once.
+
+Differentiable in q, k, v and beta (autograd through these torch ops; the saved tensors are
+O(N (C + D + M)) plus a (D, M) state per chunk). Half-precision inputs run in fp32. The keys
+are the caller's: the layer L2-normalises them and keeps beta in (0, 1), where every
+I - beta k k^T is a contraction; other inputs may grow the state without bound, as the
+recurrence itself does.
+"""
+import torch
+
+from repro.kernels.gated import compute_dtype, split_chunks
+
+DELTA_CHUNK = 64  # measured on a CPU (docs/kernels.md)
+
+
+def delta_rule_dot_product_chunked(q, k, v, beta, chunk_size=None):
+    """q, k (B, H, N, D), v (B, H, N, M), beta (B, H, N) -> (B, H, N, M) in q's dtype."""
+    b_, h, n, d = q.shape
+    m = v.shape[-1]
+    c = chunk_size or DELTA_CHUNK
+    cd = compute_dtype(q.dtype)
+    with torch.autocast(q.device.type, enabled=False):
+        qc, kc, vc = (split_chunks(t.to(cd), c) for t in (q, k, v))  # (L, nc, C, X)
+        bc = split_chunks(beta.to(cd)[..., None], c)  # (L, nc, C, 1); 0 in the padding: no write
+        kb = kc * bc
+        # rows t: beta_t k_t . k_j for j < t; the unit diagonal is implied (unitriangular)
+        a = (kb @ kc.mT).tril(-1)  # (L, nc, C, C)
+        wu = torch.linalg.solve_triangular(a, torch.cat([kb, vc * bc], -1), upper=False, unitriangular=True)
+        w, u = wu[..., :d], wu[..., d:]  # (L, nc, C, D), (L, nc, C, M)
+        s = vc.new_zeros(vc.shape[0], d, m)
+        before, written = [], []
+        # unbind, not x[:, j]: the backward of one select per chunk would zero-fill a whole
+        # (L, nc, C, X) gradient per chunk (O(nc^2) memory traffic)
+        for u_j, w_j, k_j in zip(u.unbind(1), w.unbind(1), kc.unbind(1)):
+            before.append(s)
+            u_j = torch.baddbmm(u_j, w_j, s, alpha=-1)  # (L, C, M): U - W S
+            written.append(u_j)
+            s = torch.baddbmm(s, k_j.mT, u_j)
+        states, u = torch.stack(before, 1), torch.stack(written, 1)  # (L, nc, D, M), (L, nc, C, M)
+        out = qc @ states + (qc @ kc.mT).tril() @ u
+    return out.flatten(1, 2)[:, :n].view(b_, h, n, m).to(q.dtype)
