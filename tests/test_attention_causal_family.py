@@ -17,12 +17,14 @@ from repro.cli.config import compose_group
 from repro.kernels import gated_causal_dot_product
 from repro.models import AutoregressiveTransformer
 
-CONFIGS = ["lsh-1", "lsh-4", "lsh-8", "performer", "rfa", "local"]
+CONFIGS = ["lsh-1", "lsh-4", "lsh-8", "performer", "rfa", "local", "retention", "gla", "delta"]
 # Small settings so the short test sequences span several chunks, buckets and windows.
 SMALL = {"lsh-1": {"n_buckets": 4, "chunk_size": 8}, "lsh-4": {"n_buckets": 4, "chunk_size": 8},
          "lsh-8": {"n_buckets": 4, "chunk_size": 8}, "performer": {"n_features": 32},
-         "rfa": {"n_features": 16, "chunk_size": 8}, "local": {"window": 6}}
-RECURRENT = {"performer": {}, "rfa": {}, "rfa-ungated": {"gate": False}, "local": {}}
+         "rfa": {"n_features": 16, "chunk_size": 8}, "local": {"window": 6},
+         "retention": {"chunk_size": 8}, "gla": {"chunk_size": 8}, "delta": {"chunk_size": 8}}
+RECURRENT = {"performer": {}, "rfa": {}, "rfa-ungated": {"gate": False}, "local": {}, "retention": {}, "gla": {},
+             "delta": {}}
 
 
 def build(name, d_model=24, n_heads=3, dtype=torch.float64, **kw):
@@ -63,7 +65,8 @@ def test_bad_settings_get_one_line_errors():
 
 # ------------------------------------------------------------------ causality
 
-@pytest.mark.parametrize("name", ["performer", "rfa", "rfa-ungated", "local", "lsh-one-bucket"])
+@pytest.mark.parametrize("name", ["performer", "rfa", "rfa-ungated", "local", "lsh-one-bucket", "retention", "gla",
+                                  "delta"])
 def test_perturbing_token_j_changes_nothing_before_j(name):
     layer = (LSHAttention(24, 3, n_buckets=1, chunk_size=8, n_hashes=2).double().eval()
              if name == "lsh-one-bucket" else build(name))
@@ -92,14 +95,14 @@ def test_lsh_never_reads_a_later_token(name):
     assert (y2[:, j + 1:] - y[:, j + 1:]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("name", ["lsh-4", "performer", "rfa", "rfa-ungated", "local"])
+@pytest.mark.parametrize("name", ["lsh-4", "performer", "rfa", "rfa-ungated", "local", "retention", "gla", "delta"])
 def test_padded_keys_take_no_part(name):
     layer = build(name)
     x = torch.randn(2, 29, 24, dtype=torch.float64)
     pad = torch.zeros(2, 29, dtype=torch.bool)
     pad[0, 5:9] = pad[1, 20:] = True
     x2 = x.masked_fill(pad[..., None], 0.0) + 5 * pad[..., None] * torch.randn_like(x)
-    for causal in ([True] if name == "rfa" else [True, False]):
+    for causal in ([True] if name == "rfa" or layer.causal_only else [True, False]):
         y, y2 = layer(x, causal=causal, key_padding_mask=pad), layer(x2, causal=causal, key_padding_mask=pad)
         torch.testing.assert_close(y2[~pad], y[~pad], rtol=0, atol=1e-10)
 
@@ -119,7 +122,7 @@ def test_layer_step_equals_forward(name, n):
     torch.testing.assert_close(torch.stack(steps, 1), y, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["performer", "rfa", "local"])
+@pytest.mark.parametrize("name", ["performer", "rfa", "local", "retention", "gla", "delta"])
 def test_model_step_equals_forward(name):
     cfg = OmegaConf.merge(compose_group("attention", name), SMALL[name])
     model = AutoregressiveTransformer(instantiate(cfg), n_tokens=11, n_layers=2, d_model=32, n_heads=4,

@@ -94,6 +94,11 @@ BAD_COMMAND_LINES = [
     (["experiment=smoke_copy", "attention=linformer"],
      "attention linformer is non-causal only and task=copy is autoregressive"),
     (["experiment=smoke_benchmark", "attention=bigbird"], "attention bigbird is non-causal only and task.causal=true"),
+    (["experiment=smoke_benchmark", "attention=gla", "task.causal=false"],
+     "attention gla is causal only and task.causal=false; use an attention with a non-causal form"),
+    (["experiment=smoke_asr", "attention=delta"], "attention delta is causal only and task=asr is non-causal"),
+    (["experiment=smoke_copy", "attention=retention", "attention.gammas=[0.5]"],
+     "retention: gammas must be 4 decays in (0, 1], one per head; got [0.5]"),
 ]
 
 

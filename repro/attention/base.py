@@ -17,6 +17,9 @@ class AttentionLayer(nn.Module):
     """
 
     recurrent = False
+    # True where the algorithm has no non-causal form (its update runs along the sequence): the
+    # layer refuses causal=False, and so does a run's config check (repro.cli.validate)
+    causal_only = False
     # Generation puts a faster projection for the step here (repro.models.generate.StepProjections);
     # None: the plain modules.
     step_projections = None

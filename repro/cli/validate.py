@@ -108,3 +108,9 @@ def validate(cfg):
         why = "task.causal=true" if "causal" in cfg.task else f"task={task} is autoregressive"
         raise ConfigError(f"attention {name} is non-causal only and {why}; use a causal attention such as "
                           f"{CAUSAL_CONFIGS}" + (" (or task.causal=false)" if "causal" in cfg.task else ""))
+    if not causal and layer.causal_only:
+        from repro.attention.successors import BIDIRECTIONAL_CONFIGS
+
+        why = "task.causal=false" if "causal" in cfg.task else f"task={task} is non-causal"
+        raise ConfigError(f"attention {name} is causal only and {why}; use an attention with a non-causal form "
+                          f"such as {BIDIRECTIONAL_CONFIGS}" + (" (or task.causal=true)" * ("causal" in cfg.task)))
