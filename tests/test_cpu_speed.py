@@ -27,7 +27,9 @@ def test_every_row_written(tmp_path, monkeypatch, capsys):
     peer = rows[rows.method == "fast_transformers"].iloc[0]
     assert peer.status.startswith("missing: fast_transformers not importable")
     ok = rows[rows.status == "ok"]
-    assert (ok.ms > 0).all() and set(ok[ok.measure == "layer"].method) == {"linear", "softmax"}
+    layers = ok[ok.measure == "layer"].set_index("method")
+    assert (ok.ms > 0).all() and set(layers.index) == {"linear", "softmax", "retention", "gla", "delta"}
+    assert layers.x_linear["gla"] == pytest.approx(layers.ms["gla"] / layers.ms["linear"])
     gen = ok[ok.measure == "generation"].set_index("method")
     assert set(gen.index) == {"linear-compiled", "matvec-floor"} and (gen.n == 784).all()
     assert gen.x_floor["linear-compiled"] == pytest.approx(gen.ms["linear-compiled"] / gen.ms["matvec-floor"])

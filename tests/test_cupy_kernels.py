@@ -483,18 +483,19 @@ def test_bench_runs_on_cpu_with_missing_peers_and_resumes(tmp_path, monkeypatch,
             "--dim", "8", "--warmup", "0", "--repeats", "1", "--calls", "1", "--out-dir", str(tmp_path)]
     rows = bench.main(args)
     by = {(r["method"], r["pass"]): r for r in rows}
-    assert len(by) == 12 and {p for _, p in by} == {"fwd", "fwd_bwd"}
-    for method in ("torch", "sdpa"):
+    assert len(by) == 24 and {p for _, p in by} == {"fwd", "fwd_bwd"}
+    for method in ("torch", "sdpa", "retention", "gla", "delta"):  # the successors' ops beside the causal product
         assert by[(method, "fwd_bwd")]["status"] == "ok" and by[(method, "fwd_bwd")]["ms"] > 0
-    for method in ("cupy", "cupy_norm", "fast_transformers", "fla_chunk"):
+    assert by[("gla", "fwd")]["vs_torch"] == by[("torch", "fwd")]["ms"] / by[("gla", "fwd")]["ms"]
+    for method in ("cupy", "cupy_norm", "fast_transformers", "fla_chunk", "fla_retention", "fla_gla", "fla_delta"):
         status = by[(method, "fwd")]["status"]
         assert status.startswith("missing: ") and "CUDA only" in status, status
         assert "no CUDA device is visible" not in status or not cuda_visible, status
     assert by[("torch", "fwd")]["vs_sdpa"] == by[("sdpa", "fwd")]["ms"] / by[("torch", "fwd")]["ms"]
     lines = (tmp_path / "bench.jsonl").read_text().splitlines()
-    assert len(lines) == 12 and (tmp_path / "bench.csv").exists()
+    assert len(lines) == 24 and (tmp_path / "bench.csv").exists()
     bench.main(args)  # the ok rows are kept; only the missing ones are tried again
-    assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 12 + 8
+    assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 24 + 14
 
 
 def test_bench_skips_a_method_whose_one_call_is_too_slow(tmp_path):
@@ -668,3 +669,27 @@ def test_ops_trace_with_fake_cuda_tensors():
         S, Z = torch.empty(2, 3, 5, 7, device="cuda"), torch.empty(2, 3, 5, device="cuda")
         step = cupy_backend.linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z, 1e-6)
         assert step.shape == (2, 3, 7) and step.dtype == torch.bfloat16
+
+
+def test_bench_fla_successor_peers_call_fla_as_documented(monkeypatch):
+    """Without a GPU here: fla's chunk kernels for the successors are called with the inputs in
+    its (B, N, H, D) layout, scale 1, the decays or betas as its fourth argument (chunk_retention:
+    none, its decays are built in), and fla's delta rule is not asked for fp32, which it refuses."""
+    import types
+
+    from repro.reproduction import peers
+    calls = {}
+    for name, (module, fn_name, _) in peers.FLA_SUCCESSORS.items():
+        fake = types.ModuleType(module)
+        setattr(fake, fn_name, lambda *a, name=name, **kw: (calls.__setitem__(name, (a, kw)) or (a[2] * 2, None)))
+        monkeypatch.setitem(sys.modules, module, fake)
+    monkeypatch.setattr(peers, "_not_cuda", lambda device, what: None)
+    q = torch.randn(1, 5, 2, 3)
+    x = torch.randn(1, 5, 2)
+    for name in peers.FLA_SUCCESSORS:
+        peer = peers.fla_successor(name, "cuda")
+        assert peer.fn is not None and peer.layout == "bnhd"
+        torch.testing.assert_close(peer.fn(q, q, q, x), q * 2)
+        args, kw = calls[name]
+        assert kw == {"scale": 1.0} and len(args) == (3 if name == "fla_retention" else 4)
+    assert torch.float32 not in peers.fla_successor("fla_delta", "cuda").dtypes

@@ -11,6 +11,10 @@ Methods (one that cannot run here is a 'missing' row with the reason, never an e
   fast_transformers   the authors' CUDA kernel, built from its sdist (repro.reproduction.peers)
   fla_chunk     flash-linear-attention's chunk_linear_attn (Triton), in its (B, N, H, D) layout
   sdpa          causal softmax attention, torch.nn.functional.scaled_dot_product_attention
+  retention, gla, delta   the successors' chunked ops (repro.kernels): gated_causal_dot_product
+                with RetNet's per-head decays (one per step), with GLA-like decays per key
+                dimension (log sigmoid / 16), and delta_rule_dot_product (unit keys, beta in (0, 1))
+  fla_retention, fla_gla, fla_delta   flash-linear-attention's chunk kernels for the same three
 for the forward pass ('fwd') and forward + backward ('fwd_bwd'). q and k are elu(x) + 1
 features, as the linear attention feeds them (the fused normaliser divides by q . sum k).
 
@@ -28,7 +32,8 @@ measured in this run; pct_of_floor = 100 * floor_ms / ms. Rows are appended to
 <out-dir>/bench.jsonl as they are measured; a point already measured there (ok or oom) is not
 measured again, so a rerun resumes. At the end bench.csv (each point's last row, with
 `vs_<peer>` = peer_ms / ms at the same point: above 1 is faster than that peer) is written
-atomically. Needs only torch and numpy (and CuPy for the cupy methods).
+atomically (the successors' rows also carry `vs_fla` against their own fla peer). Needs only torch
+and numpy (and CuPy for the cupy methods).
 """
 import argparse
 import importlib.metadata
@@ -41,11 +46,13 @@ import torch
 import torch.nn.functional as F
 
 from repro.common.results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv
-from repro.kernels import causal_dot_product_chunked, cupy_backend
+from repro.kernels import causal_dot_product_chunked, cupy_backend, delta_rule_dot_product, gated_causal_dot_product
 from repro.reproduction import peers
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = ("fast_transformers", "fla_chunk", "sdpa")
+SUCCESSORS = {"retention": "fla_retention", "gla": "fla_gla", "delta": "fla_delta"}  # op -> its fla peer
+METHODS = ("cupy", "cupy_norm", "torch", *PEERS, *SUCCESSORS, *SUCCESSORS.values())
 KEY = ("method", "pass", "dtype", "n", "batch", "heads", "d")  # one measured point
 
 
@@ -74,6 +81,10 @@ def _methods(device, ft_sdist=None):
         "fast_transformers": peers.fast_transformers(device, ft_sdist),
         "fla_chunk": peers.fla_chunk(device),
         "sdpa": peers.Peer(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        "retention": peers.Peer(gated_causal_dot_product, extra="per_step"),
+        "gla": peers.Peer(gated_causal_dot_product, extra="per_dim"),
+        "delta": peers.Peer(delta_rule_dot_product, extra="beta"),
+        **{name: peers.fla_successor(name, device) for name in SUCCESSORS.values()},
     }
 
 
@@ -159,25 +170,45 @@ def copy_bandwidth(device, nbytes=None, repeats=10):
     return 2 * nbytes / (max(ms, 1e-6) / 1e3)
 
 
+def _extra(kind, h, d, layout, shape, mk, device):
+    """The successors' fourth input, in the peer's layout (shape(x): (B, H, N, x) or (B, N, H, x)):
+    RetNet's per-head log decays (fixed: no gradient), GLA-like log decays log sigmoid(.) / 16,
+    or beta in (0, 1)."""
+    if kind == "per_step":
+        log_gamma = (1 - 2.0 ** (-5.0 - torch.arange(h, dtype=torch.float32, device=device))).log()
+        return (log_gamma[:, None] if layout == "bhnd" else log_gamma).expand(shape(1)[:-1]).contiguous(), False
+    if kind == "per_dim":
+        return F.logsigmoid(mk(d)) / 16, True
+    return torch.sigmoid(mk(1)[..., 0]), True
+
+
 def _inputs(peer, b, h, n, d, m, dtype, device, backward):
-    """q, k elu(x) + 1 features, v and the output gradient, in the peer's layout."""
+    """q, k elu(x) + 1 features (unit keys for the delta rule), v, the successors' extra input,
+    and the output gradient, in the peer's layout."""
     g = torch.Generator(device=device).manual_seed(n)
     shape = (lambda x: (b, h, n, x)) if peer.layout == "bhnd" else (lambda x: (b, n, h, x))
     mk = lambda x: torch.randn(*shape(x), device=device, generator=g, dtype=torch.float32)  # noqa: E731
     q, k = (F.elu(mk(d) * 0.5) + 1 for _ in "qk")
-    q, k, v = (x.to(dtype).requires_grad_(backward) for x in (q, k, mk(m) * 0.5))
-    return q, k, v, mk(m).to(dtype)
+    if peer.extra == "beta":
+        k = F.normalize(k, dim=-1)
+    xs = [x.to(dtype).requires_grad_(backward) for x in (q, k, mk(m) * 0.5)]
+    if peer.extra:
+        x, learned = _extra(peer.extra, h, d, peer.layout, shape, mk, device)
+        # fla takes its decays and betas in the inputs' dtype; ours keep fp32 decays, as the layers do
+        xs.append(x.to(dtype if peer.layout == "bnhd" else torch.float32).requires_grad_(backward and learned))
+    return xs, mk(m).to(dtype)
 
 
 def measure(peer, b, h, n, d, m, dtype, device, backward, timer, warmup, repeats):
-    q, k, v, grad = _inputs(peer, b, h, n, d, m, dtype, device, backward)
+    xs, grad = _inputs(peer, b, h, n, d, m, dtype, device, backward)
+    wrt = [x for x in xs if x.requires_grad]
     if backward:
         def run():
-            torch.autograd.grad(peer.fn(q, k, v), (q, k, v), grad)
+            torch.autograd.grad(peer.fn(*xs), wrt, grad)
     else:
         def run():
             with torch.no_grad():
-                peer.fn(q, k, v)
+                peer.fn(*xs)
     return timer(run, warmup, repeats)
 
 
@@ -197,6 +228,9 @@ def with_ratios(rows):
                 other = ok.get((peer, r["dtype"], r["n"], r["pass"]))
                 if other is not None and peer != r["method"]:
                     r[f"vs_{peer}"] = other / r["ms"]
+            fla = ok.get((SUCCESSORS.get(r["method"]), r["dtype"], r["n"], r["pass"]))
+            if fla is not None:
+                r["vs_fla"] = fla / r["ms"]
     return rows
 
 
@@ -212,7 +246,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=64, help="D = M")
-    ap.add_argument("--methods", nargs="+", default=["cupy", "cupy_norm", "torch", *PEERS])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10, help="event pairs per point (the median is kept)")
     ap.add_argument("--calls", type=int, default=5, help="calls per event pair")
@@ -226,7 +260,7 @@ def main(argv=None):
                     "(default: $REPRO_FT_SDIST, else gpu_bundle/)")
     ap.add_argument("--out-dir", default=None, help="default results/kernels/<device>/")
     args = ap.parse_args(argv)
-    methods_known = ("cupy", "cupy_norm", "torch", *PEERS)
+    methods_known = METHODS
     unknown = sorted(set(args.methods) - set(methods_known))
     if unknown:
         ap.error(f"--methods: unknown {unknown}; valid: {', '.join(methods_known)}")

@@ -16,7 +16,9 @@ Rows (B = 1, H = 8, D = M = 64, fp32 unless said):
   backward_sum     the backward after out.sum() (an expanded stride-0 gradient) against the dense one
   layer            one causal attention layer (d_model 256, 8 heads x 32, projections included),
                    forward + backward on 16,384 tokens (B = 16384 / N), linear against softmax
-                   through SDPA, N = 256, 512, 1024, 4096
+                   through SDPA, N = 256, 512, 1024, 4096; with them (--layer-attentions) the
+                   paper's successors, retention, gla and delta (conf/attention defaults), each
+                   also against linear (x_linear)
   generation       batch-1 generation of one image through the compiled linear step (sampling
                    included) against the matvec floor of the same model (its matrix products
                    alone: every weight read once per token), MNIST and CIFAR-10 sizes, one
@@ -44,6 +46,7 @@ from repro.reproduction.peers import ft_autograd
 
 PEER = "fast_transformers"
 ROWS = ["kernel", "pass", "layer", "generation"]
+LAYER_ATTENTIONS = ["linear", "softmax", "retention", "gla", "delta"]
 PEER_DIST = "pytorch-fast-transformers"
 
 
@@ -202,9 +205,14 @@ def pass_rows(base, args, gemm):
 
 def layer_rows(base, args):
     from repro.attention import LinearAttention, SoftmaxAttention
+    from repro.attention.delta import DeltaRuleAttention
+    from repro.attention.gla import GatedLinearAttention
+    from repro.attention.retention import Retention
 
     torch.manual_seed(0)
-    layers = {"linear": LinearAttention(256, 8), "softmax": SoftmaxAttention(256, 8)}
+    classes = {"linear": LinearAttention, "softmax": SoftmaxAttention, "retention": Retention,
+               "gla": GatedLinearAttention, "delta": DeltaRuleAttention}
+    layers = {name: classes[name](256, 8) for name in dict.fromkeys(["linear", "softmax", *args.layer_attentions])}
     rows = []
     for n in args.layer_lengths:
         b = max(1, args.layer_tokens // n)
@@ -219,7 +227,10 @@ def layer_rows(base, args):
             rows.append(_row(base, measure="layer", pass_="fwd_bwd", method=name, n=n, batch=b, heads=8, d=32, m=32,
                              status="ok", ms=1e3 * t[name][0], times_ms=[1e3 * x for x in t[name][1]],
                              **({"speedup_vs_softmax": ratio, "target": "> 1", "met": ratio > 1}
-                                if name == "linear" else {})))
+                                if name == "linear" else {}),
+                             **({"speedup_vs_softmax": t["softmax"][0] / t[name][0],
+                                 "x_linear": t[name][0] / t["linear"][0]}
+                                if name not in ("linear", "softmax") else {})))
     return rows
 
 
@@ -294,7 +305,7 @@ def _print(r):
     if r.get("status") != "ok":
         print(f"{what}  {r['status']}")
         return
-    extra = {k: r[k] for k in ("speedup_vs_peer", "speedup_vs_softmax", "x_forward", "x_dense", "x_floor",
+    extra = {k: r[k] for k in ("speedup_vs_peer", "speedup_vs_softmax", "x_linear", "x_forward", "x_dense", "x_floor",
                                "us_per_token", "matmul_gflops", "gemm_gflops", "target", "met") if k in r}
     extra = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
     print(f"{what}  {r['ms']:9.2f} ms  {extra}  load={r['load_avg_1_5_15'][0]:.2f}")
@@ -308,6 +319,8 @@ def main(argv=None):
     ap.add_argument("--pass-length", type=int, default=4096)
     ap.add_argument("--layer-lengths", type=int, nargs="+", default=[256, 512, 1024, 4096])
     ap.add_argument("--layer-tokens", type=int, default=16384)
+    ap.add_argument("--layer-attentions", nargs="+", default=LAYER_ATTENTIONS, choices=LAYER_ATTENTIONS,
+                    help="the layers timed in the layer rows (linear and softmax always)")
     ap.add_argument("--settle", type=int, default=None,
                     help="untimed calls of a method right before each timed one (default: 1 at T > 1 threads, else 0)")
     ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS, help="which rows to measure (default: all)")

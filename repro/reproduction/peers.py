@@ -14,8 +14,14 @@ the reason, which the benchmark writes as a `missing` row.
                         committed.
     fla_chunk           flash-linear-attention's chunk_linear_attn (Triton), in its native
                         (B, N, H, D) layout, unnormalised, scale 1.
+    fla_retention, fla_gla, fla_delta   its chunk kernels for the successors (chunk_retention,
+                        whose decays are RetNet's 1 - 2^(-5 - h) built in; chunk_gla; chunk_delta_rule),
+                        the same layout, scale 1, peers of gated_causal_dot_product and
+                        delta_rule_dot_product.
 
-Every peer is fn(q, k, v) -> out on tensors in its `layout` ("bhnd" or "bnhd"). Whether a peer
+Every peer is fn(q, k, v) -> out on tensors in its `layout` ("bhnd" or "bnhd"), or, for the
+successors' ops, fn(q, k, v, x) with x its `extra` input: "per_step" (log decays, (.., N)),
+"per_dim" (log decays per key dimension) or "beta". Whether a peer
 can run is decided by the device the benchmark was asked to use, never by whether some CUDA
 device is visible: a CPU run on a GPU machine still reports the CUDA-only peers as missing.
 """
@@ -42,6 +48,7 @@ class Peer:
     why: str | None = None  # None when fn runs; else "missing: <reason>"
     layout: str = "bhnd"
     dtypes: tuple = (torch.float32, torch.bfloat16, torch.float16)
+    extra: str | None = None  # the successors' ops: which fourth input fn takes (module docstring)
 
 
 def find_ft_sdist(path=None):
@@ -158,3 +165,27 @@ def fla_chunk(device) -> Peer:
     def fla(q, k, v):  # (B, N, H, D), (B, N, H, D), (B, N, H, M) -> (B, N, H, M): no copies
         return chunk_linear_attn(q, k, v, scale=1.0, normalize=False, **extra)[0]
     return Peer(fla, layout="bnhd")
+
+
+FLA_SUCCESSORS = {"fla_retention": ("fla.ops.retention", "chunk_retention", "per_step"),
+                  "fla_gla": ("fla.ops.gla", "chunk_gla", "per_dim"),
+                  "fla_delta": ("fla.ops.delta_rule", "chunk_delta_rule", "beta")}
+
+
+def fla_successor(name, device) -> Peer:
+    """fla's chunk kernel for one successor (FLA_SUCCESSORS), in (B, N, H, D) layout, scale 1."""
+    module, fn_name, extra = FLA_SUCCESSORS[name]
+    why = _not_cuda(device, "fla's Triton kernels")
+    if why:
+        return Peer(None, why, layout="bnhd", extra=extra)
+    try:
+        import importlib
+        fn = getattr(importlib.import_module(module), fn_name)
+    except Exception as err:  # ImportError, or a Triton that does not match
+        return Peer(None, f"missing: flash-linear-attention not importable ({str(err).splitlines()[0][:200]})",
+                    layout="bnhd", extra=extra)
+    if extra == "per_step":  # the decays are built in (RetNet's), as the benchmark's inputs give them
+        return Peer(lambda q, k, v, x: fn(q, k, v, scale=1.0)[0], layout="bnhd", extra=extra)
+    # fla 0.6's chunk_delta_rule refuses fp32 ("Please use bfloat16")
+    dtypes = (torch.bfloat16, torch.float16) if extra == "beta" else (torch.float32, torch.bfloat16, torch.float16)
+    return Peer(lambda q, k, v, x: fn(q, k, v, x, scale=1.0)[0], layout="bnhd", extra=extra, dtypes=dtypes)
