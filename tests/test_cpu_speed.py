@@ -23,7 +23,11 @@ def test_every_row_written(tmp_path, monkeypatch, capsys):
     assert torch.get_num_threads() == threads  # set for the run only
     (csv,), (js,) = tmp_path.glob("cpu_speed_1t_*.csv"), tmp_path.glob("cpu_speed_1t_*.json")
     rows = pd.read_csv(csv)
-    assert set(rows.measure) == {"kernel_vs_peer", "forward", "backward_dense", "backward_sum", "layer", "generation"}
+    assert set(rows.measure) == {"kernel_vs_peer", "forward", "backward_dense", "backward_sum", "successors", "layer",
+                                 "generation"}
+    succ = rows[rows.measure == "successors"].set_index("method")
+    assert set(succ.index) == {"causal", "retention", "gla", "delta"} and succ.n.eq(64).all()
+    assert succ.x_causal["delta"] == pytest.approx(succ.ms["delta"] / succ.ms["causal"])
     peer = rows[rows.method == "fast_transformers"].iloc[0]
     assert peer.status.startswith("missing: fast_transformers not importable")
     ok = rows[rows.status == "ok"]

@@ -14,6 +14,9 @@ Rows (B = 1, H = 8, D = M = 64, fp32 unless said):
                    this CPU's GEMM rate (a 1024^3 fp32 matmul) measured in the same run
   backward_dense   the backward alone (a dense upstream gradient) against the forward
   backward_sum     the backward after out.sum() (an expanded stride-0 gradient) against the dense one
+  successors       the successors' ops (gated_causal_dot_product per step and per key dimension,
+                   delta_rule_dot_product) against causal_dot_product, fwd + bwd at N = --pass-length,
+                   with their targets (repro.reproduction.successors_speed)
   layer            one causal attention layer (d_model 256, 8 heads x 32, projections included),
                    forward + backward on 16,384 tokens (B = 16384 / N), linear against softmax
                    through SDPA, N = 256, 512, 1024, 4096; with them (--layer-attentions) the
@@ -43,9 +46,10 @@ import torch
 from repro.common.results import REPO, atomic_write, provenance, rows_to_csv
 from repro.kernels.chunked import causal_dot_product_chunked, default_chunk_size
 from repro.reproduction.peers import ft_autograd
+from repro.reproduction.successors_speed import successor_rows
 
 PEER = "fast_transformers"
-ROWS = ["kernel", "pass", "layer", "generation"]
+ROWS = ["kernel", "pass", "successors", "layer", "generation"]
 LAYER_ATTENTIONS = ["linear", "softmax", "retention", "gla", "delta"]
 PEER_DIST = "pytorch-fast-transformers"
 
@@ -305,8 +309,8 @@ def _print(r):
     if r.get("status") != "ok":
         print(f"{what}  {r['status']}")
         return
-    extra = {k: r[k] for k in ("speedup_vs_peer", "speedup_vs_softmax", "x_linear", "x_forward", "x_dense", "x_floor",
-                               "us_per_token", "matmul_gflops", "gemm_gflops", "target", "met") if k in r}
+    extra = {k: r[k] for k in ("speedup_vs_peer", "speedup_vs_softmax", "x_linear", "x_causal", "x_forward", "x_dense",
+                               "x_floor", "us_per_token", "matmul_gflops", "gemm_gflops", "target", "met") if k in r}
     extra = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
     print(f"{what}  {r['ms']:9.2f} ms  {extra}  load={r['load_avg_1_5_15'][0]:.2f}")
 
@@ -369,6 +373,7 @@ def _run(args, argv):
         print(f"GEMM (1024^3 fp32): {gemm:.0f} GFLOP/s")
         rows = []
         parts = {"kernel": lambda: kernel_rows(base, args, peer_fn, note), "pass": lambda: pass_rows(base, args, gemm),
+                 "successors": lambda: successor_rows(base, args, interleaved, _row),
                  "layer": lambda: layer_rows(base, args), "generation": lambda: generation_rows(base, args)}
         for part in args.rows:
             for r in parts[part]():
