@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.attention.successors import SuccessorAttention, accumulation_dtype
+from repro.attention.successors import SuccessorAttention, accumulation_dtype, new_state
 from repro.kernels import delta_rule_dot_product
 
 FEATURE_MAPS = {"silu": F.silu, "elu1": lambda x: F.elu(x) + 1, "relu": F.relu, "identity": lambda x: x}
@@ -52,9 +52,8 @@ class DeltaRuleAttention(SuccessorAttention):
         dtype = v.dtype
         q, k = self._phi(q), self._phi(k)  # (B, H, D), unit length
         v = v.to(q.dtype)
-        if state is None:
-            state = q.new_zeros(*q.shape, v.shape[-1])  # S: (B, H, D, M)
+        state = state or new_state(q, v)
         beta = extra["beta"].to(q.dtype)[..., None]  # (B, H, 1)
-        u = beta * (v - (k[..., None, :] @ state)[..., 0, :])  # (B, H, M): what this step writes
-        state = torch.addcmul(state, k[..., :, None], u[..., None, :])
-        return (q[..., None, :] @ state)[..., 0, :].to(dtype), state
+        u = beta * (v - (k[..., None, :] @ state.S)[..., 0, :])  # (B, H, M): what this step writes
+        state.S = torch.addcmul(state.S, k[..., :, None], u[..., None, :])
+        return (q[..., None, :] @ state.S)[..., 0, :].to(dtype), state

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.attention.successors import SuccessorAttention, accumulation_dtype
+from repro.attention.successors import SuccessorAttention, accumulation_dtype, new_state
 from repro.kernels import gated_causal_dot_product
 
 
@@ -47,8 +47,7 @@ class GatedLinearAttention(SuccessorAttention):
     def memory_step(self, q, k, v, extra, state):
         dtype, acc = v.dtype, accumulation_dtype(q.dtype)
         q, k, v = q.to(acc) * self.d_keys ** -0.5, k.to(acc), v.to(acc)  # (B, H, D), (B, H, M)
-        if state is None:
-            state = q.new_zeros(*q.shape, v.shape[-1])  # S: (B, H, D, M)
+        state = state or new_state(q, v)
         alpha = extra["log_alpha"].to(acc).exp()  # (B, H, D)
-        state = torch.addcmul(alpha[..., None] * state, k[..., :, None], v[..., None, :])
-        return (q[..., None, :] @ state)[..., 0, :].to(dtype), state
+        state.S = torch.addcmul(alpha[..., None] * state.S, k[..., :, None], v[..., None, :])  # diag(alpha) S + k v^T
+        return (q[..., None, :] @ state.S)[..., 0, :].to(dtype), state

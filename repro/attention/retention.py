@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from repro.attention.successors import SuccessorAttention, accumulation_dtype
+from repro.attention.successors import SuccessorAttention, accumulation_dtype, new_state
 from repro.kernels import gated_causal_dot_product
 
 
@@ -61,8 +61,7 @@ class Retention(SuccessorAttention):
     def memory_step(self, q, k, v, extra, state):
         dtype, acc = v.dtype, accumulation_dtype(q.dtype)
         q, k, v = q.to(acc), k.to(acc) * self.d_keys ** -0.5, v.to(acc)  # (B, H, D), (B, H, M)
-        if state is None:
-            state = q.new_zeros(*q.shape, v.shape[-1])  # S: (B, H, D, M)
+        state = state or new_state(q, v)
         gamma = self.log_gamma.to(acc).exp()[:, None, None]  # (H, 1, 1)
-        state = torch.addcmul(gamma * state, k[..., :, None], v[..., None, :])
-        return (q[..., None, :] @ state)[..., 0, :].to(dtype), state
+        state.S = torch.addcmul(gamma * state.S, k[..., :, None], v[..., None, :])  # gamma S + k v^T
+        return (q[..., None, :] @ state.S)[..., 0, :].to(dtype), state

@@ -3,6 +3,8 @@ unnormalised fast-weight memory S read by q (no phi(q)^T Z normaliser: a per-hea
 output keeps its scale instead), an optional swish output gate, per-token inputs computed from x
 (a decay, a write strength) beside q, k and v, and, for the two whose update runs along the
 sequence only, the refusal of causal=False."""
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,6 +18,16 @@ BIDIRECTIONAL_CONFIGS = "softmax, linear, retention"
 
 def accumulation_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass
+class MemoryState:
+    S: torch.Tensor  # (B, H, D, M): the fast-weight memory, in fp32 (fp64 for fp64)
+
+
+def new_state(q, v) -> MemoryState:
+    """S = 0 for (B, H, D) queries and (B, H, M) values."""
+    return MemoryState(q.new_zeros(*q.shape, v.shape[-1]))
 
 
 class HeadNorm(nn.Module):
