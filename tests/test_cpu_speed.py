@@ -61,3 +61,15 @@ def test_each_timed_call_follows_its_settle_calls(tmp_path):
     assert "".join(order) == "aabbaabb"
     with pytest.raises(SystemExit, match="--settle=-1: must be >= 0"):
         cpu_speed.main(["--settle", "-1", "--out-dir", str(tmp_path)])
+
+
+def test_a_run_of_some_rows_is_named_after_them(tmp_path):
+    """--rows: the files carry the rows' names, so the report (which shows the newest run of
+    every row per thread count, cpu_speed_<T>t_<time>.csv) never takes a partial run for it."""
+    from repro.reproduction.report.cpu_speed import CPU_SPEED
+
+    cpu_speed.main([*TINY, "--rows", "successors", "--out-dir", str(tmp_path)])
+    (csv,) = tmp_path.glob("*.csv")
+    assert csv.name.startswith("cpu_speed_1t_") and csv.name.endswith("_successors.csv")
+    assert CPU_SPEED.fullmatch(csv.name) is None
+    assert set(pd.read_csv(csv).measure) == {"successors"}

@@ -27,7 +27,9 @@ Rows (B = 1, H = 8, D = M = 64, fp32 unless said):
                    alone: every weight read once per token), MNIST and CIFAR-10 sizes, one
                    image of each, interleaved, --generation-rounds times
 Every row carries the load average when it was measured, the threads, device, versions and git
-SHA; rows go to results/cpu_speed/cpu_speed_<threads>t_<time>.{csv,json} (atomic writes).
+SHA; rows go to results/cpu_speed/cpu_speed_<threads>t_<time>.{csv,json} (atomic writes), a run of
+some rows only (--rows) to cpu_speed_<threads>t_<time>_<row+row>.{csv,json}, which the report's
+table of the newest full run per thread count leaves out.
 """
 import argparse
 import importlib.metadata
@@ -379,7 +381,8 @@ def _run(args, argv):
             for r in parts[part]():
                 _print(r)
                 rows.append(r)
-        name = f"cpu_speed_{args.threads}t_{stamp}"
+        # a run of some rows only is named after them: the report's table takes the newest run of every row
+        name = f"cpu_speed_{args.threads}t_{stamp}" + ("" if set(args.rows) == set(ROWS) else "_" + "+".join(args.rows))
     rows = [{("pass" if k == "pass_" else k): v for k, v in r.items()} for r in rows]
     atomic_write(out_dir / f"{name}.csv", rows_to_csv(rows))
     atomic_write(out_dir / f"{name}.json", json.dumps({"command": "python -m repro.reproduction.cpu_speed "
