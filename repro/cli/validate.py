@@ -7,7 +7,8 @@ The tasks keep their own checks of their own settings; this covers what they sha
 every number finite and every dropout a probability, the trainer's settings (also checked by
 fit()), the model's sizes, and the attention layer, built once at the model's width (its constructor
 checks its own settings, e.g. an LSH chunk_size or a Performer's n_features) and refused when
-the task is autoregressive and the attention has no causal form.
+the task is autoregressive and the attention has no causal form, or the task is non-causal
+(task=asr, task.causal=false) and the attention has no non-causal form.
 """
 import math
 
@@ -17,6 +18,7 @@ from repro.cli.attention import attention_name, build_attention
 from repro.cli.config import ConfigError
 
 AUTOREGRESSIVE_TASKS = ("copy", "mnist", "cifar")  # causal models: every attention must have a causal form
+NON_CAUSAL_TASKS = ("asr",)  # non-causal encoders: every attention must have a non-causal form
 
 
 # the model keys that count something (a dropout of 0, also an int, is not a size)
@@ -108,7 +110,8 @@ def validate(cfg):
         why = "task.causal=true" if "causal" in cfg.task else f"task={task} is autoregressive"
         raise ConfigError(f"attention {name} is non-causal only and {why}; use a causal attention such as "
                           f"{CAUSAL_CONFIGS}" + (" (or task.causal=false)" if "causal" in cfg.task else ""))
-    if not causal and layer.causal_only:
+    # only where the task runs the non-causal form (task=conformance checks whichever forms exist)
+    if layer.causal_only and (task in NON_CAUSAL_TASKS or cfg.task.get("causal", True) is False):
         from repro.attention.successors import BIDIRECTIONAL_CONFIGS
 
         why = "task.causal=false" if "causal" in cfg.task else f"task={task} is non-causal"
