@@ -107,3 +107,19 @@ def reaches(a: Seeds, reference: Seeds, tol: float, still_falling: bool) -> tupl
     if still_falling:
         return UNDECIDED, f"{excess:.3g} above (spread {s:.3g}) and still falling"
     return CONTRADICTED, f"{excess:.3g} above (spread {s:.3g}), no longer falling"
+
+
+MATCHES = "matches the authors' script"
+LOWER, HIGHER = "lower than the authors' script", "higher than the authors' script"
+
+
+def matches(ours: Seeds, theirs: Seeds) -> tuple[str, str]:
+    """Fidelity, not a claim of the paper: does a run of ours end where the authors' own script
+    does at matched settings? A gap inside the spread is a tie (matches); outside it, which side
+    ends lower (for a loss or bits/dim, lower is better). Fewer runs: a measurement."""
+    if min(ours.n, theirs.n) < MIN_SEEDS:
+        return MEASURED, f"{min(ours.n, theirs.n)} run(s); judged from {MIN_SEEDS}"
+    gap, s = ours.mean - theirs.mean, spread(ours, theirs)
+    if abs(gap) <= s:
+        return MATCHES, f"gap {gap:+.3g} within spread {s:.3g}"
+    return (LOWER if gap < 0 else HIGHER), f"gap {gap:+.3g} outside spread {s:.3g}"
