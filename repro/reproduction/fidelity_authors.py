@@ -6,10 +6,12 @@ Python, with what repro.reproduction.fidelity needs and nothing of theirs change
 Standalone on purpose (torch and the standard library only): it runs in the authors' virtual
 environment, which has their library and none of ours. What it does to their script, at run time:
 - one torch thread and torch.manual_seed(S) before their main() (their scripts seed nothing);
-- copy: their held-out loss also scores the separator (position n - 1, which no model can
-  predict since n is random, a floor of ~0.1 nats at N = 32); ours scores the copy only. Their
-  evaluate() is wrapped to print, after their own "Testing =>" line, the copy-only loss on the
-  same batches: "Copy only => Loss: L Accuracy: A". Their training is untouched.
+- copy: their held-out loss also scores the separator's target (position n - 1); ours scores the
+  copy only. The separator is an easy target (no other first-half position is scored, so a
+  model may predict it at every one), so their mean is the copy's diluted by one near-free
+  target of n + 1. Their evaluate() is wrapped to print, after their own "Testing =>" line, the
+  copy-only loss on the same batches: "Copy only => Loss: L Accuracy: A". Their training is
+  untouched.
 Then it prints "authors: versions {json}" for the driver's rows. Nothing else needs changing on
 today's torch (2.14): their image-generation/radam.py's Tensor.add_(scalar, tensor) overloads
 still run, with a deprecation warning.

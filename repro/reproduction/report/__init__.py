@@ -28,7 +28,7 @@ The commands that produced a folder: its `command.txt` (one command a line, a tr
 continuing one), else the first `python ...` command in the README.md of the folder or of the nearest
 parent folder under results/. A paper table with no result of ours says "not yet run".
 
-One module per part of REPORT.md (figure1, figure2, images, speech, kernels, cpu_speed,
+One module per part of REPORT.md (figure1, figure2, fidelity, images, speech, kernels, cpu_speed,
 gpu_runs), each declaring the tables it reads (its TABLES, checked on load by schema.py);
 format.py holds what they share and build.py puts them together.
 """
