@@ -268,8 +268,10 @@ def main(argv=None) -> list[dict]:
               "host_cpu": host_cpu(), "threads": 1}
     rows = read_jsonl(out / ROWS) if (out / ROWS).is_file() else []
     done = {key(r) for r in rows if r.get("status") == "ok"}
-    atomic_write(out / "command.txt", shlex.join(["python", "-m", "repro.reproduction.fidelity", *(
-        argv if argv is not None else sys.argv[1:])]) + "\n")
+    # every command that wrote into this folder, once each (a rerun with more runs or attentions adds its own)
+    this = shlex.join(["python", "-m", "repro.reproduction.fidelity", *(argv if argv is not None else sys.argv[1:])])
+    before = (out / "command.txt").read_text().splitlines() if (out / "command.txt").is_file() else []
+    atomic_write(out / "command.txt", "\n".join(dict.fromkeys(before + [this])) + "\n")
     jobs = plan(task, attentions, args.runs)
     order = {job: i for i, job in enumerate(jobs)}
     for job in jobs:
