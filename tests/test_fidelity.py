@@ -181,6 +181,7 @@ def test_driver_end_to_end_interleaves_resumes_and_writes_atomically(authors, tm
     assert [(r["side"], r["seed"]) for r in again] == [("authors", 0), ("ours", 0), ("authors", 1), ("ours", 1)]
     table = pd.read_csv(out / drv.TABLE)
     assert len(table) == 4 and "curve" not in table and not list(out.glob(".*.tmp"))
+    assert (out / drv.PLOT).read_bytes()[:4] == b"\x89PNG"
     commands = (out / "command.txt").read_text().splitlines()  # the same command twice: recorded once
     assert len(commands) == 1 and commands[0].startswith("python -m repro.reproduction.fidelity --task copy")
 

@@ -27,10 +27,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from repro.common.errors import ConfigError
-from repro.common.results import REPO, atomic_write, git_sha, json_text, read_jsonl, rows_to_csv
+from repro.common.results import REPO, atomic_write, git_sha, json_text, read_jsonl, rows_to_csv, save_figure
 
 BOOT = Path(__file__).with_name("fidelity_authors.py")
-ROWS, TABLE = "fidelity_rows.jsonl", "fidelity_runs.csv"
+ROWS, TABLE, PLOT = "fidelity_rows.jsonl", "fidelity_runs.csv", "fidelity_curves.png"
 AUTHORS_ATTENTION = {"linear": "causal-linear", "softmax": "full"}
 COPY_EPOCH = 100  # their causal-copy train() runs 100 updates an "epoch", evaluates after each
 
@@ -204,10 +204,39 @@ def run_one(job, task, args, work: Path, data_dir, common: dict) -> dict:
 
 
 def write(out: Path, rows):
-    """The rows (JSONL, with curves) and the table the report reads, each written atomically."""
+    """The rows (JSONL, with curves), the table the report reads and the curves' plot, each
+    written atomically."""
     atomic_write(out / ROWS, "".join(json_text(r) + "\n" for r in rows))
     flat = [{k: v for k, v in r.items() if k != "curve"} for r in rows]
     atomic_write(out / TABLE, rows_to_csv(flat))
+    plot(out / PLOT, [r for r in rows if r.get("status") == "ok" and r.get("curve")])
+
+
+def plot(path: Path, rows):
+    """Held-out curves, one panel per task and attention: each run thin, each side's mean thick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["task"], r["attention"]) for r in rows})
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (task, attention) in zip(axes[0], panels):
+        mine = [r for r in rows if (r["task"], r["attention"]) == (task, attention)]
+        for i, label in enumerate(dict.fromkeys(f"{r['side']}: {r['variant']}" for r in mine)):
+            runs = [r["curve"] for r in mine if f"{r['side']}: {r['variant']}" == label]
+            for c in runs:
+                ax.plot(*zip(*c), color=f"C{i}", alpha=0.3, lw=0.8)
+            steps = sorted(set.intersection(*(set(s for s, _ in c) for c in runs)))
+            means = [sum(dict(c)[s] for c in runs) / len(runs) for s in steps]
+            ax.plot(steps, means, color=f"C{i}", lw=2, label=f"{label} ({len(runs)} runs)")
+        ax.set(title=f"{task}, {attention}", xlabel="updates", ylabel=mine[0]["metric_name"],
+               yscale="log" if task == "copy" else "linear")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
 
 
 def parse_args(argv):
@@ -283,6 +312,8 @@ def main(argv=None) -> list[dict]:
         write(out, rows)
         print(f"{job[0]} {job[1]} {job[2]} seed {job[3]}: {row['status']}, {task.metric} {row.get('metric')}, "
               f"{row['wall_s']:.0f} s", flush=True)
+    if rows:
+        write(out, rows)  # also when nothing was left to run: the table and plot from the rows as they are
     return rows
 
 

@@ -109,12 +109,14 @@ def fidelity(ctx) -> str:
         for (task, attention), part in df.groupby(["task", "attention"], sort=True):
             rows, notes = comparison(part)
             metric = part.metric_name.iloc[0]
-            text = [f"**{task}, {attention} attention** ({metric})"]
+            text = [f"**{task}, {attention} attention**: {metric}"]
             if rows:
                 text.append(md_table(["ours", "ours: mean ± sd (runs)", "authors' script: mean ± sd (runs)",
                                       "gap (ours − theirs)", "verdict", "s a run, ours", "s a run, theirs"], rows))
             text += notes
             out.append("\n\n".join(text))
+        if (folder / "fidelity_curves.png").is_file():
+            out.append(f"![held-out curves]({ctx.rel(folder / 'fidelity_curves.png')})")
     return "\n\n".join(out)
 
 
