@@ -16,6 +16,8 @@ TABLES = [Table(TABLE, {"task": str, "attention": str, "side": str, "variant": s
                 {"updates": float, "wall_s": float, "loadavg_start": float, "loadavg_end": float, "git_sha": str,
                  "authors_commit": str, "library_commit": str, "host_cpu": str, "their_scoring": float})]
 SIDES = ("authors", "ours")
+HEADER = ["ours", "ours: mean ± sd (runs)", "authors' script: mean ± sd (runs)", "gap (ours − theirs)", "verdict",
+          "wall s a run, ours", "wall s a run, theirs"]
 
 
 def _seeds(df) -> Seeds:
@@ -85,7 +87,8 @@ def provenance(df) -> str:
     text = (f"Host: {one('host_cpu')}, 1 torch thread a run  \nOur commit: {one('git_sha')}; the authors' scripts: "
             f"{one('authors_commit')}; their library (fast-transformers): {one('library_commit')}")
     if len(loads):
-        text += f"  \n1-minute load during the runs: {loads.min():.1f} to {loads.max():.1f} (2 cores)"
+        text += (f"  \n1-minute load during the runs: {loads.min():.1f} to {loads.max():.1f} (the host's "
+                 "cores shared with other work): wall seconds a run are not a speed comparison")
     return text
 
 
@@ -111,8 +114,7 @@ def fidelity(ctx) -> str:
             metric = part.metric_name.iloc[0]
             text = [f"**{task}, {attention} attention**: {metric}"]
             if rows:
-                text.append(md_table(["ours", "ours: mean ± sd (runs)", "authors' script: mean ± sd (runs)",
-                                      "gap (ours − theirs)", "verdict", "s a run, ours", "s a run, theirs"], rows))
+                text.append(md_table(HEADER, rows))
             text += notes
             out.append("\n\n".join(text))
         if (folder / "fidelity_curves.png").is_file():
