@@ -70,7 +70,10 @@ def ours_command(task: Task, attention: str, variant: str, seed: int, steps: int
            f"trainer.optimizer.lr={task.lr}", f"trainer.eval_every={min(task.eval_every, steps)}",
            "trainer.checkpoint=false", "trainer.progress=false", f"seed={seed}", f"hydra.run.dir={run_dir}"]
     if task.name == "copy":
-        cmd += [f"task.max_len={COPY_N}", f"trainer.eval_batches={EVAL_COPY_BATCHES}",
+        # ours trains and is scored on the copy alone, as the committed runs were: the held-out losses are
+        # compared on copy positions on both sides (their wrapper prints theirs); paper_authors would now
+        # also score the separator (task.score_separator), as their training loss does
+        cmd += [f"task.max_len={COPY_N}", "task.score_separator=false", f"trainer.eval_batches={EVAL_COPY_BATCHES}",
                 f"trainer.scheduler.milestones=[{task.lr_drop}]"]
     else:  # the whole held-out set at every evaluation, as their evaluate()
         cmd += [f"task.n_layers={MODEL['n_layers']}", "task.source=torchvision", f"task.data_dir={data_dir}",
