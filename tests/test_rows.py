@@ -81,3 +81,23 @@ def test_checkpoint_size_does_not_grow_with_the_rows(compose_cfg, tmp_path):
         train(compose_cfg, tmp_path / str(n), f"trainer.max_steps={n}", "trainer.eval_every=0")
         sizes.append((tmp_path / str(n) / "checkpoints/last.pt").stat().st_size)
     assert abs(sizes[1] - sizes[0]) < 2048, sizes  # old checkpoints carried every row (~1 KB each)
+
+
+def test_a_publish_folder_is_replaced_only_by_runs_that_include_its_own(tmp_path, monkeypatch):
+    """A single run published into a folder holding a sweep's results (a probe with a claims
+    preset) used to replace them: refused, the folder as it was; the same sweep again, or more of
+    it, replaces them as before."""
+    from repro.common import results
+    from repro.common.errors import ConfigError
+
+    monkeypatch.setattr(results, "REPO", tmp_path)
+    sweep = [{"task": "copy", "attention": a, "seed": s, "max_len": 128, "publish": "pub"}
+             for a in ("softmax", "linear") for s in (0, 1, 2)]
+    assert results.output_dirs(sweep, tmp_path / "run", "copy_rows.jsonl")[1] == tmp_path / "pub"
+    before = (tmp_path / "pub" / "copy_rows.jsonl").read_text()
+    with pytest.raises(ConfigError, match="holds the results of 5 run\\(s\\) this one does not include"):
+        results.output_dirs(sweep[3:4], tmp_path / "run", "copy_rows.jsonl")
+    assert (tmp_path / "pub" / "copy_rows.jsonl").read_text() == before
+    more = sweep + [{**sweep[0], "seed": 3}]
+    results.output_dirs(more, tmp_path / "run", "copy_rows.jsonl")  # a superset: published
+    assert len(results.read_jsonl(tmp_path / "pub" / "copy_rows.jsonl")) == 7

@@ -61,8 +61,35 @@ def output_dirs(rows, out_dir, raw_name: str) -> list[Path]:
     publish = publish_folder(rows)
     if publish is None:
         return [Path(out_dir)]
+    _refuse_dropping_other_runs(publish / raw_name, rows)
     write_jsonl(publish / raw_name, rows)
     return [Path(out_dir), publish]
+
+
+RUN_KEYS = ("task", "attention", "model", "seed", "max_len", "dataset", "size", "method", "n", "batch")
+
+
+def _runs_of(rows) -> set:
+    return {tuple(str(r.get(k)) for k in RUN_KEYS) for r in rows}
+
+
+def _refuse_dropping_other_runs(path: Path, rows):
+    """A publish folder's raw rows are replaced only by a set of runs that includes every run they
+    hold (the same sweep again, or more of it): a single run published into a folder of a sweep's
+    results would otherwise replace them (a probe with a claims preset once did)."""
+    if not path.is_file():
+        return
+    from repro.common.errors import ConfigError
+
+    try:
+        old = read_jsonl(path)
+    except (OSError, ValueError):
+        return
+    lost = _runs_of(old) - _runs_of(rows)
+    if lost:
+        raise ConfigError(f"task.publish={path.parent}: it holds the results of {len(lost)} run(s) this one does not "
+                          f"include ({path.name}); publish into another folder (task.publish=...) or remove those "
+                          f"results first")
 
 
 def publish_folder(rows) -> Path | None:
