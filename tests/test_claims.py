@@ -89,7 +89,7 @@ def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002, linear_falling=0.
                 rows.append({**common, "kind": "eval", "attention": a, "seed": seed, "step": step,
                              "loss": v * f + extra})
             rows.append({**common, "kind": "final", "attention": a, "seed": seed, "steps": 4000,
-                         "eval_loss": v * f, "eval_accuracy": 0.99})
+                         "eval_loss": v * f, "eval_accuracy": 0.99, "status": "ok"})
     (copy / "copy_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     img = results / "images/mnist_claims_seeds_cpu"
@@ -98,14 +98,14 @@ def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002, linear_falling=0.
     ms = {"softmax": 100.0, "linear": 50.0, "lsh-4": 200.0, "lsh-1": 100.0}
     rows = [{"kind": "eval", "attention": a, "seed": seed, "step": s, "bits_per_dim": b - s / 1000 + d}
             for a, b in start.items() for seed, d in enumerate((-0.01, 0.0, 0.01)) for s in (100, 200, 300, 400)]
-    rows += [{"kind": "final", "attention": a, "seed": seed, "cpu_time_per_step_ms": v, "steps": 400}
+    rows += [{"kind": "final", "attention": a, "seed": seed, "cpu_time_per_step_ms": v, "steps": 400, "status": "ok"}
              for a, v in ms.items() for seed in range(3)]
     (img / "image_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     asr = results / "asr/speed_800_cpu"
     asr.mkdir(parents=True)
     pd.DataFrame([{"model": m, "steps": 8.0, "epochs": 2.0, "s_per_epoch": s * 1.5, "cpu_s_per_epoch": s,
-                   "ms_per_step": s * 375, "mean_frames": 801.0}
+                   "ms_per_step": s * 375, "mean_frames": 801.0, "status": "ok"}
                   for m, s in [("softmax", 10.0), ("softmax-math", 12.0), ("linear", 4.0)]]
                  ).to_csv(asr / "asr_table.csv", index=False)
     (asr / "asr_rows.jsonl").write_text(json.dumps(
@@ -186,8 +186,8 @@ def test_mnist_ties_inside_the_seeds_spread_are_undecided(tmp_path):
     rows = [{"kind": "eval", "attention": a, "seed": seed, "step": s, "bits_per_dim": v + d - s * 1e-5 * i}
             for i, (a, v) in enumerate(level.items()) for seed, d in enumerate((-0.05, 0.0, 0.05))
             for s in (100, 200, 300, 400)]
-    rows += [{"kind": "final", "attention": a, "seed": seed, "cpu_time_per_step_ms": 100.0, "steps": 400}
-             for a in level for seed in range(3)]
+    rows += [{"kind": "final", "attention": a, "seed": seed, "cpu_time_per_step_ms": 100.0, "steps": 400,
+              "status": "ok"} for a in level for seed in range(3)]
     (img / "image_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     mnist_steps = claims.claims(tmp_path)[3]
     assert mnist_steps.verdict.startswith(f"{UNDECIDED}: ") and "within spread" in mnist_steps.verdict
@@ -234,3 +234,58 @@ def test_a_diverged_seed_is_never_judged(tmp_path):
     _, copy_linear, copy_lsh, *_ = claims.claims(tmp_path)
     assert copy_linear.verdict.startswith(NOT_TESTABLE) and "non-finite" in copy_linear.verdict
     assert copy_lsh.verdict.startswith(NOT_TESTABLE)
+
+
+# ----------------------------------------------------------------------------- damaged or failed runs
+
+def _copy_rows(results):
+    path = results / "copy/figure2_n128_cpu/copy_rows.jsonl"
+    return path, [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("damage, expect", [
+    ("torn", r"copy_rows\.jsonl, line 45: the last line is cut off"),
+    ("empty", r"copy_rows\.jsonl: no rows \(an empty file"),
+    ("no_eval_loss", r"copy_rows\.jsonl, line 5: no field 'eval_loss' \(a 'final' row"),
+    ("text_loss", r"copy_rows\.jsonl, line 1: field 'loss' holds 'low', not a number"),
+])
+def test_a_damaged_rows_file_is_one_error_naming_the_file_and_the_line(tmp_path, damage, expect):
+    """A torn last line used to be dropped (softmax down to 2 seeds: the verdict became "not
+    judged"); an empty file gave an AttributeError, a final row without eval_loss a KeyError."""
+    from repro.reproduction.report import SchemaError
+
+    _write(tmp_path)
+    path, rows = _copy_rows(tmp_path)
+    if damage == "torn":
+        path.write_text(path.read_text()[:-40])
+    elif damage == "empty":
+        path.write_text("")
+    elif damage == "no_eval_loss":
+        path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "eval_loss"}) + "\n" for r in rows))
+    else:
+        rows[0]["loss"] = "low"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SchemaError, match=expect):
+        claims.claims(tmp_path)
+
+
+def test_a_failed_run_is_never_judged(tmp_path):
+    """A seed whose status is not ok (a diverged run, a timeout): the claims that read it say which
+    run failed and why, and give no verdict, even where its numbers look finite."""
+    _write(tmp_path)
+    path, rows = _copy_rows(tmp_path)
+    next(r for r in rows if r["kind"] == "final" and r["attention"] == "softmax")["status"] = "timeout"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    img = tmp_path / "images/mnist_claims_seeds_cpu/image_rows.jsonl"
+    rows = [json.loads(line) for line in img.read_text().splitlines()]
+    next(r for r in rows if r["kind"] == "final" and r["attention"] == "lsh-1")["status"] = "error: non-finite loss"
+    img.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, copy_linear, copy_lsh, mnist_steps, mnist_time, *_ = claims.claims(tmp_path)
+    for c in (copy_linear, copy_lsh):
+        assert c.verdict == f"{NOT_TESTABLE}: a run failed (softmax seed 0 failed (timeout))", c.verdict
+    for c in (mnist_steps, mnist_time):
+        assert c.verdict == f"{NOT_TESTABLE}: a run failed (lsh-1 seed 0 failed (error: non-finite loss))"
+    asr = tmp_path / "asr/speed_800_cpu/asr_table.csv"
+    pd.read_csv(asr).assign(status=["ok", "ok", "error: non-finite loss"]).to_csv(asr, index=False)
+    verdict = claims.asr_claim(tmp_path).verdict
+    assert verdict == f"{NOT_TESTABLE}: a run failed (linear failed (error: non-finite loss))", verdict

@@ -47,20 +47,21 @@ def fake_results(root):
     thr = root / "throughput" / "gpu"
     thr.mkdir(parents=True)
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.123, "images_per_s": 8.1,
-                   "extrapolated": False, "device": GPU},
+                   "extrapolated": False, "device": GPU, "status": "ok"},
                   {"size": "mnist", "method": "linear", "batch": 10, "seconds_per_image": 0.0125, "images_per_s": 80.0,
-                   "extrapolated": False, "device": GPU},
+                   "extrapolated": False, "device": GPU, "status": "ok"},
                   {"size": "cifar", "method": "softmax", "batch": 1, "seconds_per_image": 9000.0,
-                   "images_per_s": 1 / 9000, "extrapolated": True, "device": CPU}]).to_csv(
+                   "images_per_s": 1 / 9000, "extrapolated": True, "device": CPU, "status": "ok"}]).to_csv(
         thr / "throughput.csv", index=False)
     measured = root / "throughput" / "cpu_measured"  # a measured CPU run at batch 1
     measured.mkdir(parents=True)
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.4, "images_per_s": 2.5,
-                   "extrapolated": False, "device": CPU}]).to_csv(measured / "throughput.csv", index=False)
+                   "extrapolated": False, "device": CPU, "status": "ok"}]).to_csv(measured / "throughput.csv",
+                                                                                  index=False)
     later = root / "throughput" / "zz_later"  # a later, smaller run: batch 1 only, extrapolated
     later.mkdir(parents=True)
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.5, "images_per_s": 2.0,
-                   "extrapolated": True, "device": CPU}]).to_csv(later / "throughput.csv", index=False)
+                   "extrapolated": True, "device": CPU, "status": "ok"}]).to_csv(later / "throughput.csv", index=False)
     (root / "throughput" / "README.md").write_text("# t\n\n- `gpu/`: `python run.py task=throughput device=cuda`\n")
     img = root / "images" / "mnist"
     img.mkdir(parents=True)
@@ -74,14 +75,14 @@ def fake_results(root):
     (asr / "README.md").write_text("Made by\n\n    python run.py task=asr attention=linear\n")
     table = root / "asr_table"  # the ASR task's own table: percentages, model names, device in its rows
     table.mkdir()
-    pd.DataFrame([{"model": "bilstm", "valid_per_%": 0.8, "s_per_epoch": 12.5}]).to_csv(table / "asr_table.csv",
-                                                                                        index=False)
+    pd.DataFrame([{"model": "bilstm", "valid_per_%": 0.8, "s_per_epoch": 12.5, "steps": 40, "status": "ok"}]).to_csv(
+        table / "asr_table.csv", index=False)
     (table / "asr_rows.jsonl").write_text(json.dumps({"task": "asr", "device": CPU}) + "\n")
     (table / "command.txt").write_text("python run.py -m experiment=asr_table_cpu\n")
     timing = root / "asr_timing"  # a timing run: 20 updates of an untrained model, its label says so
     timing.mkdir()
-    pd.DataFrame([{"model": "linear", "valid_per_%": 98.5, "s_per_epoch": 44.5}]).to_csv(timing / "asr_table.csv",
-                                                                                         index=False)
+    pd.DataFrame([{"model": "linear", "valid_per_%": 98.5, "s_per_epoch": 44.5, "steps": 20, "status": "ok"}]).to_csv(
+        timing / "asr_table.csv", index=False)
     (timing / "asr_rows.jsonl").write_text(json.dumps({"task": "asr", "device": CPU, "label": "CPU timing run"}) + "\n")
     (root / "kernels").mkdir()
     (root / "kernels" / "README.md").write_text("    python -m repro.reproduction.bench\n")
@@ -133,10 +134,12 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert (t5["paper CPU s"], t5["paper GPU s"], t5["our s/image, CPU, batch 1"],
             t5[f"our s/image, {GPU}, batch 1"]) == ("8,651", "300.1", "not in this run", "not in this run")
     # a timing run's PER (an untrained model's) is no result: left out, its seconds per epoch kept
-    assert row(md, "linear", "### asr_timing (timing run)")[2:6] == ["8.08", "timing run", "824", "44.5"]
+    assert row(md, "linear", "### asr_timing (timing run)")[2:6] == ["8.08", "timing run", "824",
+                                                                      "44.5 (from 20 updates)"]
     assert row(md, "linear", "### asr\n")[2:6] == ["8.08", "23.45", "824", "31"]
     assert row(md, "softmax", "### asr\n")[3] == "not run here"
-    assert row(md, "bilstm", "### asr_table")[2:6] == ["10.94", "0.8", "1047", "12.5"]  # 0.8 %, not 80 %
+    assert row(md, "bilstm", "### asr_table")[2:6] == ["10.94", "0.8", "1047",  # 0.8 %, not 80 %
+                                                       "12.5 (from 40 updates)"]
     assert f"Hardware: {CPU}" in md.split("### asr_table", 1)[1]
     assert "Figure 2: the copy task" in md and "not yet run" in md.split("## Figure 2", 1)[1].split("##", 1)[0]
     assert re.search(r"\[kernels\]\(kernels/README.md\): `python -m repro.reproduction.bench`", md)
@@ -225,18 +228,19 @@ def gpu_results(root):
     run writes them), beside a CPU run of the same attentions that sorts after results/gpu/."""
     cpu_img = root / "images" / "mnist_cpu"  # "images" sorts after "gpu": it used to overwrite the GPU value
     cpu_img.mkdir(parents=True)
-    pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": 1.69}]).to_csv(
+    pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": 1.69, "status": "ok"}]).to_csv(
         cpu_img / "bpd_final.csv", index=False)
     (cpu_img / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": CPU, "kind": "final"})
                                               + "\n")
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 5.0, "images_per_s": 0.2,
-                   "extrapolated": False, "device": CPU}]).to_csv(cpu_img / "throughput.csv", index=False)
+                   "extrapolated": False, "device": CPU, "status": "ok"}]).to_csv(cpu_img / "throughput.csv",
+                                                                                  index=False)
     for gpu, folder, bpd, ips, spi in ((H100, "NVIDIA_H100_80GB_HBM3", 0.91, 300.0, 0.7),
                                        (H200, "NVIDIA_H200", 0.93, 350.0, 0.6)):
         step = root / "gpu" / folder
         mnist = step / "mnist"
         mnist.mkdir(parents=True)
-        pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": bpd}]).to_csv(
+        pd.DataFrame([{"dataset": "mnist", "attention": "linear", "eval_bits_per_dim": bpd, "status": "ok"}]).to_csv(
             mnist / "bpd_final.csv", index=False)
         (mnist / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "device": gpu, "kind": "final"})
                                                 + "\n")
@@ -247,7 +251,8 @@ def gpu_results(root):
         gen = step / "generation"
         gen.mkdir()
         pd.DataFrame([{"size": "mnist", "method": "linear", "batch": b, "seconds_per_image": s, "images_per_s": i,
-                       "extrapolated": False, "device": gpu} for b, s, i in ((1, spi, 1 / spi), (256, 1 / ips, ips))]
+                       "extrapolated": False, "device": gpu, "status": "ok"}
+                      for b, s, i in ((1, spi, 1 / spi), (256, 1 / ips, ips))]
                      ).to_csv(gen / "throughput.csv", index=False)
         (gen / "command.txt").write_text("python run.py task=throughput device=cuda\n")
         for name, status in (("env", "done"), ("mnist", "done"), ("generation", "done"), ("kernels", "incomplete")):
@@ -484,7 +489,7 @@ def test_a_column_takes_one_run_never_a_mix_of_folders(tmp_path):
     for folder, values in (("z_short", {"softmax": 1.9, "linear": 1.8}),
                            ("b_long", {"softmax": 1.7, "linear": 1.65, "lsh-4": 1.6, "lsh-1": 1.66})):
         (tmp_path / folder).mkdir()
-        pd.DataFrame([{"dataset": "mnist", "attention": a, "eval_bits_per_dim": v, "device": CPU}
+        pd.DataFrame([{"dataset": "mnist", "attention": a, "eval_bits_per_dim": v, "device": CPU, "status": "ok"}
                       for a, v in values.items()]).to_csv(tmp_path / folder / "bpd_final.csv", index=False)
     md = build(tmp_path, tmp_path / "REPORT.md")
     for att, v in (("softmax", "1.7"), ("linear", "1.65"), ("lsh-4", "1.6")):
@@ -505,7 +510,7 @@ def test_an_images_per_s_column_holds_one_run_at_one_batch(tmp_path):
         (tmp_path / folder).mkdir()
         pd.DataFrame([{"size": "mnist", "method": m, "batch": b, "images_per_s": v, "seconds_per_image": 1 / v,
                        "extrapolated": x, "device": device, "loadavg_1min_start": load, "loadavg_1min_end": load,
-                       "git_sha": "abcdef123456"} for m, b, v, x in rows]).to_csv(
+                       "git_sha": "abcdef123456", "status": "ok"} for m, b, v, x in rows]).to_csv(
             tmp_path / folder / "throughput.csv", index=False)
         (tmp_path / folder / "command.txt").write_text(f"python run.py task=throughput task.publish={folder}\n")
 
@@ -572,7 +577,7 @@ def test_table_3_marks_timed_updates_and_sets_both_softmaxes_beside_the_paper(tm
     """A timing run's seconds per epoch come from a few timed updates: each says how many, in wall
     and CPU time; the paper's softmax (the N x N matrix) gets both of ours: softmax-math and SDPA."""
     (tmp_path / "speed").mkdir()
-    pd.DataFrame([{"model": m, "steps": 8, "valid_per_%": 150.0, "s_per_epoch": w, "cpu_s_per_epoch": c}
+    pd.DataFrame([{"model": m, "steps": 8, "valid_per_%": 150.0, "s_per_epoch": w, "cpu_s_per_epoch": c, "status": "ok"}
                   for m, w, c in (("softmax", 30.0, 17.5), ("softmax-math", 58.0, 38.5), ("linear", 16.0, 11.5))]
                  ).to_csv(tmp_path / "speed" / "asr_table.csv", index=False)
     (tmp_path / "speed" / "asr_rows.jsonl").write_text(json.dumps({"device": CPU, "label": "CPU timing run"}) + "\n")
@@ -589,8 +594,8 @@ def test_figure2_gives_the_spread_and_what_the_loss_scores(tmp_path):
     for folder, flag in (("ours", None), ("authors", True)):
         (tmp_path / folder).mkdir()
         pd.DataFrame([{"max_len": 32, "attention": "linear", "n_seeds": 3, "steps": 800, "eval_loss": 0.3,
-                       "eval_loss_std": 0.05, "eval_accuracy": 0.9}]).to_csv(tmp_path / folder / "copy_final.csv",
-                                                                               index=False)
+                       "eval_loss_std": 0.05, "eval_accuracy": 0.9, "time_per_step_ms": 50.0, "status": "ok"}]
+                     ).to_csv(tmp_path / folder / "copy_final.csv", index=False)
         row_ = {"attention": "linear", "device": CPU, **({} if flag is None else {"score_separator": flag})}
         (tmp_path / folder / "copy_rows.jsonl").write_text(json.dumps(row_) + "\n")
     md = build(tmp_path, tmp_path / "REPORT.md")
@@ -624,7 +629,8 @@ def test_a_folder_of_several_commands_shows_each_as_its_own_span(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["torn_csv", "short_row", "empty_csv", "torn_json", "bad_jsonl_line",
-                                    "dropped_column"])
+                                    "dropped_column", "torn_copy_rows", "torn_image_rows", "no_eval_loss",
+                                    "no_s_per_epoch", "no_status", "empty_copy_rows"])
 def test_a_damaged_results_file_stops_the_report_with_one_line_naming_it(tmp_path, damage, capsys):
     """A torn last line of figure1-cpu/benchmark.csv used to retitle its section and drop a row; a
     torn copy_final.csv turned both Figure 2 verdicts around (NaN compared as a number); a torn
@@ -639,13 +645,30 @@ def test_a_damaged_results_file_stops_the_report_with_one_line_naming_it(tmp_pat
         "empty_csv": ("figure1-cpu/empty.csv", r"empty.csv: not a readable CSV"),
         "torn_json": ("figure1-cpu/summary.json", r"figure1-cpu/summary.json, line \d+: not valid JSON"),
         "bad_jsonl_line": ("images/mnist_claims_seeds_cpu/image_rows.jsonl",
-                           r"image_rows.jsonl: line 2 is not valid JSON"),
+                           r"image_rows.jsonl, line 2 is not valid JSON"),
         "dropped_column": ("images/mnist_claims_seeds_cpu/bpd_final.csv",
                            r"bpd_final.csv: no column 'eval_bits_per_dim'"),
+        # a torn last line of a JSONL used to be dropped: softmax fell to 2 seeds and the copy claim became
+        # "not judged"; the same on image_rows.jsonl changed Table 2's ms/step
+        "torn_copy_rows": ("copy/figure2_n128_cpu/copy_rows.jsonl",
+                           r"figure2_n128_cpu/copy_rows.jsonl, line 873: the last line is cut off"),
+        "torn_image_rows": ("images/mnist_claims_seeds_cpu/image_rows.jsonl",
+                            r"mnist_claims_seeds_cpu/image_rows.jsonl, line 444: the last line is cut off"),
+        # a dropped column used to become a silent "—" (and a raw nan for benchmark.csv's status)
+        "no_eval_loss": ("copy/figure2_n128_cpu/copy_final.csv", r"copy_final.csv: no column 'eval_loss'"),
+        "no_s_per_epoch": ("asr/speed_800_cpu/asr_table.csv", r"asr_table.csv: no column 's_per_epoch'"),
+        "no_status": ("figure1-cpu/benchmark.csv", r"figure1-cpu/benchmark.csv: no column 'status'"),
+        "empty_copy_rows": ("copy/figure2_n128_cpu/copy_rows.jsonl", r"copy_rows.jsonl: no rows \(an empty file"),
     }[damage]
     f = results / path
     if damage == "torn_csv" or damage == "torn_json":
         f.write_text(f.read_text()[:-15])
+    elif damage.startswith("torn_"):
+        f.write_text(f.read_text()[:-40])
+    elif damage.startswith("no_"):
+        pd.read_csv(f).drop(columns=damage[3:]).to_csv(f, index=False)
+    elif damage == "empty_copy_rows":
+        f.write_text("")
     elif damage == "short_row":
         lines = f.read_text().split("\n")
         lines[2] = lines[2].rsplit(",", 1)[0]  # one field fewer, the newline kept
@@ -663,3 +686,36 @@ def test_a_damaged_results_file_stops_the_report_with_one_line_naming_it(tmp_pat
     line = str(stop.value.code)
     assert line.startswith("error: ") and "\n" not in line and re.search(expect, line), line
     assert (results / "REPORT.md").read_text() == before
+
+
+# ----------------------------------------------------------------------------- failed runs and their commands
+
+def test_a_failed_run_is_shown_failed_with_its_status_in_every_section(tmp_path):
+    """A diverged run (status "error: non-finite loss ...") used to show "—" cells with no mark, and a
+    failed run with a finite number showed that number as a result: each section now says it failed
+    and why. A run stopped at its time budget (the equal-time runs) has not failed."""
+    fake_results(tmp_path)
+    bad = "error: non-finite loss nan at step 2"
+    copy = tmp_path / "copy" / "diverged"
+    copy.mkdir(parents=True)
+    pd.DataFrame([{"max_len": 24, "attention": "linear", "n_seeds": 1, "steps": 3, "eval_loss": None,
+                   "eval_accuracy": None, "time_per_step_ms": 57.1, "status": bad},
+                  {"max_len": 24, "attention": "softmax", "n_seeds": 1, "steps": 6, "eval_loss": 0.5,
+                   "eval_accuracy": 0.6, "time_per_step_ms": 50.0, "status": "timeout"}]).to_csv(
+        copy / "copy_final.csv", index=False)
+    path = tmp_path / "asr_table" / "asr_table.csv"
+    pd.read_csv(path).assign(status=bad).to_csv(path, index=False)
+    path = tmp_path / "throughput" / "cpu_measured" / "throughput.csv"
+    pd.read_csv(path).assign(status="oom").to_csv(path, index=False)
+    img = tmp_path / "images" / "mnist"
+    pd.DataFrame([{"dataset": "mnist", "attention": "linear", "bits_per_dim": None, "device": CPU, "status": bad},
+                  {"dataset": "mnist", "attention": "softmax", "bits_per_dim": 1.5, "device": CPU,
+                   "status": "stopped: time limit"}]).to_csv(img / "image_final.csv", index=False)
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    assert row(md, "24 | linear", "### copy/diverged")[4:6] == [f"failed ({bad})"] * 2
+    assert row(md, "24 | softmax", "### copy/diverged")[4:6] == ["failed (timeout)"] * 2  # its 0.5 is no result
+    assert row(md, "bilstm", "### asr_table")[3] == f"failed ({bad})"
+    assert cells(md, "linear", "### Table 5, MNIST")["our s/image, CPU, batch 1"] == "oom"
+    assert cells(md, "linear", "### Table 1: MNIST")["our bits/dim, CPU"] == f"failed ({bad})"
+    assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "1.5"
+

@@ -116,9 +116,11 @@ def write_jsonl(path, rows):
     atomic_write(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
-def read_jsonl(path):
+def read_jsonl(path, strict: bool = False):
     """The rows of a JSONL file. A torn last line (no newline, not valid JSON: a run killed while
-    appending, repro.training.rows) is left out; any other bad line is an error."""
+    appending, repro.training.rows) is left out, right for a run reading its own log; with
+    strict (the report, the claims: they read finished files) it is an error naming the line, as
+    any other bad line is: a row silently missing there changes a table or a verdict."""
     lines = Path(path).read_text().split("\n")
     rows = []
     for i, line in enumerate(lines[:-1], 1):
@@ -130,8 +132,10 @@ def read_jsonl(path):
     if lines[-1].strip():  # no newline after the last line: whole if it parses, torn if not
         try:
             rows.append(json.loads(lines[-1]))
-        except json.JSONDecodeError:
-            pass
+        except json.JSONDecodeError as err:
+            if strict:
+                raise ValueError(f"line {len(lines)}: the last line is cut off (no newline at its end, not "
+                                 f"valid JSON: {err.msg}): a write that did not finish") from err
     return rows
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from repro.common import paper
 from repro.common.results import REPO
-from repro.reproduction.report.schema import read_json, read_rows
+from repro.reproduction.report.schema import Rows, Table, failed, read_json, read_rows, read_table
 from repro.reproduction.verdicts import CONTRADICTED, MEASURED, REPRODUCED, UNDECIDED, Seeds, below, reaches, slopes
 
 NOT_REPRODUCED, NOT_TESTABLE = "not reproduced", "not testable here"  # the single-run speed claims
@@ -74,6 +74,38 @@ def _missing(claim, paper, folder):
     return Claim(claim, paper, f"no run in `{folder}`", f"{NOT_TESTABLE}: not run")
 
 
+# What each claim reads, declared as the report's sections declare theirs (repro.reproduction.report.schema):
+# a file that lost a field or a column is one error naming it, never a KeyError or a silent NaN
+COPY_ROWS = Rows("copy_rows.jsonl", {
+    "*": {"kind": str, "attention": str, "max_len": float, "min_copy": float, "max_copy": float, "n_layers": float,
+          "d_model": float},
+    "eval": {"seed": float, "step": float, "loss": float},
+    "final": {"seed": float, "steps": float, "eval_loss": float, "eval_accuracy": float, "status": str}})
+MNIST_ROWS = Rows("image_rows.jsonl", {"*": {"kind": str, "attention": str},
+                                       "eval": {"seed": float, "step": float, "bits_per_dim": float},
+                                       "final": {"seed": float, "cpu_time_per_step_ms": float, "status": str}})
+ASR_ROWS = Rows("asr_rows.jsonl", {"*": {"batch_size": float, "model_n_layers": float, "model_n_heads": float,
+                                         "model_d_model": float}})
+ASR_TABLE = Table("asr_table.csv", {"model": str, "steps": float, "epochs": float, "s_per_epoch": float,
+                                    "mean_frames": float, "status": str}, {"cpu_s_per_epoch": float})
+BATCH_TABLE = Table("throughput.csv", {"method": str, "batch": float, "status": str, "extrapolated": str},
+                    {"seconds_per_image": float, "cpu_seconds_per_image": float})
+
+
+def _failed(rows: pd.DataFrame, name: str = "attention") -> str | None:
+    """The runs among `rows` (final rows, or a table's) whose status says they failed
+    (schema.failed), with their status; None when none did. No verdict is computed from a failed run."""
+    bad = rows[rows.status.map(failed)]
+    if not len(bad):
+        return None
+    seed = (lambda r: f" seed {r['seed']}") if "seed" in bad else (lambda r: "")  # noqa: E731
+    return "; ".join(f"{r[name]}{seed(r)} failed ({r['status']})" for _, r in bad.iterrows())
+
+
+def _not_judged(claims, folder, lost) -> list[Claim]:
+    return [Claim(c, p, f"`{folder}`: {lost}", f"{NOT_TESTABLE}: a run failed ({lost})") for c, p in claims]
+
+
 COPY_FOLDER = "copy/figure2_n128_cpu"  # N = 128 as the paper, 3 seeds (conf/experiment/copy_claims_n128_cpu.yaml)
 MNIST_FOLDER = "images/mnist_claims_seeds_cpu"  # 3 seeds (conf/experiment/mnist_claims_seeds_cpu.yaml)
 COPY_CLAIMS = ("Figure 2: linear converges to softmax's loss on the copy task (N = 128, copies of 32-62 symbols)",
@@ -105,7 +137,10 @@ def copy_claims(results: Path) -> list[Claim]:
     path = results / folder / "copy_rows.jsonl"
     if not path.exists():
         return [_missing(c1, p1, folder), _missing(c2, "curves only", folder)]
-    rows = pd.DataFrame(read_rows(path, results))
+    rows = pd.DataFrame(read_rows(path, results, COPY_ROWS))
+    lost = _failed(rows[(rows.kind == "final") & rows.attention.isin(["softmax", "linear", "lsh-4"])])
+    if lost:
+        return _not_judged([(c1, p1), (c2, "curves only")], folder, lost)
     final = _seeds(rows[rows.kind == "final"], "eval_loss")
     evals = rows[rows.kind == "eval"]
     curves = _seed_curves(evals, "loss")
@@ -161,7 +196,10 @@ def mnist_claims(results: Path) -> list[Claim]:
     path = results / folder / "image_rows.jsonl"
     if not path.exists():
         return [_missing(c1, p1, folder), _missing(c2, p2, folder)]
-    rows = pd.DataFrame(read_rows(path, results))
+    rows = pd.DataFrame(read_rows(path, results, MNIST_ROWS))
+    lost = _failed(rows[(rows.kind == "final") & rows.attention.isin(order)])
+    if lost:
+        return _not_judged([(c1, p1), (c2, p2)], folder, lost)
     evals = rows[(rows.kind == "eval") & rows.attention.isin(order)].dropna(subset=["bits_per_dim"])
     missing = [a for a in order if a not in set(evals.attention)]
     if missing:
@@ -240,11 +278,15 @@ def asr_claim(results: Path) -> Claim:
     path = results / folder / "asr_table.csv"
     if not path.exists():
         return _missing(claim, paper, folder)
-    t = pd.read_csv(path).set_index("model")
+    t = read_table(path, results, ASR_TABLE)
+    lost = _failed(t[t.model.isin(["linear", "softmax", "softmax-math"])], "model")
+    if lost:
+        return Claim(claim, paper, f"`{folder}`: {lost}", f"{NOT_TESTABLE}: a run failed ({lost})")
+    t = t.set_index("model")
     col = "cpu_s_per_epoch" if "cpu_s_per_epoch" in t and t.cpu_s_per_epoch.notna().all() else "s_per_epoch"
     ratios = {b: t.loc[b, col] / t.loc["linear", col] for b in ("softmax", "softmax-math") if b in t.index}
     base = "softmax-math" if "softmax-math" in ratios else "softmax"  # the paper's 2020 softmax materialised (N, N)
-    rows = pd.DataFrame(read_rows(results / folder / "asr_rows.jsonl", results)).iloc[0]
+    rows = pd.Series(read_rows(results / folder / "asr_rows.jsonl", results, ASR_ROWS)[0])
     size = (f"batch {rows.batch_size}, {rows.model_n_layers} layers x {rows.model_n_heads} heads x "
             f"{rows.model_d_model // rows.model_n_heads}")
     per_update = t[col] * t.epochs / t.steps  # the time per update the epoch was extrapolated from
@@ -273,7 +315,7 @@ def batch_claim(results: Path) -> Claim:
     path = results / folder / "throughput.csv"
     if not path.exists():
         return _missing(claim, paper, folder)
-    t = pd.read_csv(path)
+    t = read_table(path, results, BATCH_TABLE)
     t = t[t.status == "ok"].set_index(["method", "batch"])
     batches = sorted({b for m, b in t.index if m == "linear"} & {b for m, b in t.index if m == "stateful-softmax"})
 
@@ -334,4 +376,9 @@ def section(results_dir: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(section(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "results"))
+    from repro.reproduction.report.schema import SchemaError
+
+    try:
+        sys.stdout.write(section(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "results"))
+    except SchemaError as err:  # a damaged results file: one line naming it
+        raise SystemExit(f"error: {err}") from None

@@ -9,8 +9,8 @@ from repro.reproduction.report.format import code, command, hardware, hw_class, 
 from repro.reproduction.report.schema import Table, named, read_json
 
 TABLES = [Table("benchmark.csv",
-                {"attention": str, "n": float, "time_per_sample_ms": float, "mem_per_sample_mb": float},
-                {"status": str, "device": str, "batch": float, "repeats": float, "mem_method": str,
+                {"attention": str, "n": float, "time_per_sample_ms": float, "mem_per_sample_mb": float, "status": str},
+                {"device": str, "batch": float, "repeats": float, "mem_method": str,
                  "git_sha": str, "time": str, "saved_per_sample_mb": float, "mem_per_sample_min_mb": float,
                  "mem_per_sample_max_mb": float})]
 
@@ -46,7 +46,7 @@ def _point_rows(df):
     """Rows of the paper's points for the attentions and lengths this run tried: a point it tried
     and lost shows why (oom, timeout); a length it never tried is not shown. With the bytes kept
     for backward where the run counted them."""
-    ok = df[df.status == "ok"] if "status" in df else df
+    ok = df[df.status == "ok"]
     saved = "saved_per_sample_mb" in df and df.saved_per_sample_mb.notna().any()
     rows = []
     for att, points in paper.FIGURE1.items():
@@ -57,7 +57,7 @@ def _point_rows(df):
                 if not len(here):
                     continue
                 mine = ok[(ok.attention == ours) & (ok.n == n)]
-                lost = str(here.status.iloc[0]) if "status" in here else "not measured"
+                lost = str(here.status.iloc[0])
                 rows.append([att, ours, n, t, mine.time_per_sample_ms.iloc[0] if len(mine) else lost,
                              m, _mem(mine.iloc[0]) if len(mine) else lost,
                              *([mine.saved_per_sample_mb.iloc[0] if len(mine) else lost] if saved else [])])
@@ -73,7 +73,7 @@ def agreement(found, root) -> str | None:
             for n in points:
                 seen = []
                 for folder, df in found:
-                    ok = df[(df.attention == ours) & (df.n == n) & ((df.status == "ok") if "status" in df else True)]
+                    ok = df[(df.attention == ours) & (df.n == n) & (df.status == "ok")]
                     if len(ok):
                         r = ok.iloc[0]
                         seen.append((hw_class(str(r.get("device", ""))), _causal(df), folder, r))

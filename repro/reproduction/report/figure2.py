@@ -3,11 +3,13 @@ import pandas as pd
 
 from repro.common import paper
 from repro.reproduction.report.format import code, command, hardware, md_table, num
-from repro.reproduction.report.schema import Table, named, read_rows
+from repro.reproduction.report.schema import Table, failed, named, read_rows
 
-TABLES = [Table("copy_final.csv", {"max_len": float, "attention": str},
-                {"n_seeds": float, "steps": float, "eval_loss": float, "eval_loss_std": float,
-                 "eval_accuracy": float, "time_per_step_ms": float, "device": str})]
+# what task=copy's aggregate writes; a spread needs two seeds (a single seed's is empty, not missing)
+NEEDED = {"max_len": float, "attention": str, "n_seeds": float, "steps": float, "eval_loss": float,
+          "eval_accuracy": float, "time_per_step_ms": float, "status": str}
+TABLES = [Table("copy_final.csv", NEEDED,
+                {"eval_loss_std": float, "eval_accuracy_std": float, "device": str})]
 
 
 def _scored(rows) -> str:
@@ -18,6 +20,8 @@ def _scored(rows) -> str:
 
 
 def _mean_sd(r, key) -> str | None:
+    if failed(r.status):  # a diverged or stopped run: its numbers are no result
+        return f"failed ({r.status})"
     mean, sd = r.get(key), r.get(f"{key}_std")
     if mean is None or pd.isna(mean):
         return None

@@ -22,16 +22,16 @@ from repro.reproduction.report.format import (
     num,
     run_rows,
 )
-from repro.reproduction.report.schema import Table, named
+from repro.reproduction.report.schema import Table, failed, named
 
 BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
-TABLES = [Table("throughput.csv", {"size": str, "method": str, "batch": float},
-                {"images_per_s": float, "seconds_per_image": float, "device": str,
-                 "loadavg_1min_start": float, "loadavg_1min_end": float}),
+TABLES = [Table("throughput.csv", {"size": str, "method": str, "batch": float, "images_per_s": float,
+                                   "seconds_per_image": float, "status": str, "device": str},
+                {"loadavg_1min_start": float, "loadavg_1min_end": float}),
           Table("bpd_vs_time.csv", {"attention": str, "step": float, "elapsed_s": float, "eval_bpd": float}),
           # by name too: a bpd_final.csv that lost its bits/dim column must fail, not stop being a bits/dim
           # table (Table 1's column would then come from another folder)
-          Table("bpd_final.csv", {"attention": str, "eval_bits_per_dim": float}, {"dataset": str, "status": str}),
+          Table("bpd_final.csv", {"attention": str, "eval_bits_per_dim": float, "status": str}, {"dataset": str}),
           *(Table("*.csv", {col: float}, {"attention": str, "device": str}, when=col) for col in BPD_COLUMNS)]
 
 
@@ -56,12 +56,13 @@ def bits_per_dim(csvs):
         if col is None or "attention" not in df:
             continue
         beside = {} if "device" in df else _devices_by_attention(path.parent)
-        for _, r in df.dropna(subset=[col]).iterrows():
+        for _, r in df.iterrows():
+            lost = "status" in r and failed(r.status)  # shown as failed, never as a value
             ds = dataset_of(r.get("dataset", r.get("task", "")))
-            if ds:
+            if ds and (lost or pd.notna(r[col])):
                 device = str(r["device"]) if "device" in df else beside.get(str(r.attention), "")
                 found.setdefault((ds, hw_class(device)), {}).setdefault(path.parent, {})[str(r.attention)] = (
-                    float(r[col]), path.parent, device)
+                    f"failed ({r.status})" if lost else float(r[col]), path.parent, device)
     chosen, left_out = {}, {}
     for (ds, cls), folders in found.items():
         pick = max(folders, key=lambda f: (len(folders[f]), str(f)))
@@ -163,7 +164,9 @@ def _cell(run: Run, ds, method, column) -> str:
     r = run.rows.get((ds, method))
     if r is None:
         return "not in this run"
-    return _marked(r[column], r) if pd.notna(r.get(column)) else str(r.get("status", "failed"))
+    if failed(r.status):  # oom, timeout, error: ...: never a value
+        return str(r.status)
+    return _marked(r[column], r) if pd.notna(r[column]) else "not measured"
 
 
 def _header(quantity, run: Run) -> str:

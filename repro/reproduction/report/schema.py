@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from repro.training.parts import TIME_LIMIT
+
 
 class SchemaError(ValueError):
     """A results file that is not what the section reading it declares."""
@@ -51,6 +53,13 @@ class Table:
                     raise SchemaError(f"{where}, line {line}: column {col!r} holds {bad.iloc[0]!r}, not a number")
 
 
+def failed(status) -> bool:
+    """A run's status says it failed (error: ..., oom, timeout, stopped by a signal): its numbers
+    are shown as failed with that status, never as a result or in a verdict. A run that reached
+    its time budget (trainer.max_time_s: the equal-time runs end so on purpose) has not failed."""
+    return str(status) not in ("ok", TIME_LIMIT)
+
+
 ARCHIVE = "archive"  # results/archive/: runs superseded by newer ones, kept but never reported
 
 
@@ -64,17 +73,21 @@ def read_checked(root: Path, tables) -> list[tuple[Path, pd.DataFrame]]:
     every declared Table it matches. A file that does not parse is a SchemaError naming it."""
     out = []
     for path in current_files(root, "*.csv"):
-        where = _where(path, root)
-        try:
-            _check_whole(path, where)
-            df = pd.read_csv(path)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            raise SchemaError(f"{where}: not a readable CSV ({str(err).splitlines()[0]})") from err
+        df = _read_csv(path, root)
         for table in tables:
             if table.matches(path, df):
                 table.check(path, df, Path(root))
         out.append((path, df))
     return out
+
+
+def _read_csv(path: Path, root) -> pd.DataFrame:
+    where = _where(path, root)
+    try:
+        _check_whole(path, where)
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise SchemaError(f"{where}: not a readable CSV ({str(err).splitlines()[0]})") from err
 
 
 def _where(path: Path, root) -> Path:
@@ -109,15 +122,57 @@ def read_json(path: Path, root) -> dict:
                           "a torn write; rewrite it from its run") from err
 
 
-def read_rows(path: Path, root) -> list[dict]:
-    """The rows of a JSONL file (repro.common.results.read_jsonl: a torn last line, a run killed
-    while appending, is left out), any other bad line one SchemaError naming it."""
+@dataclass(frozen=True)
+class Rows:
+    """Run rows (a .jsonl file) a reader needs, declared as a Table is: `fields` maps a row's
+    `kind` ("train", "eval", "final"; "*" for every row) to the fields every row of that kind must
+    hold, with their kinds (float: a number or null, NaN allowed; str: anything)."""
+    name: str
+    fields: dict
+
+    def check(self, rows: list[dict], where):
+        if not rows:
+            raise SchemaError(f"{where}: no rows (an empty file: a run that wrote nothing, or a torn write)")
+        for line, r in enumerate(rows, 1):
+            for kind, need in self.fields.items():
+                if kind != "*" and r.get("kind") != kind:
+                    continue
+                missing = [f for f in need if f not in r]
+                if missing:
+                    what = "every row" if kind == "*" else f"a {kind!r} row"
+                    raise SchemaError(f"{where}, line {line}: no field {', '.join(map(repr, missing))} ({what} of a "
+                                      f"{self.name} needs {', '.join(need)})")
+                bad = next((f for f, t in need.items() if t is float and not _number(r[f])), None)
+                if bad:
+                    raise SchemaError(f"{where}, line {line}: field {bad!r} holds {r[bad]!r}, not a number")
+
+
+def _number(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def read_rows(path: Path, root, declared: Rows | None = None) -> list[dict]:
+    """The rows of a JSONL file, every line whole (a torn last line is damage here: the run has
+    finished, and a row silently missing changes a table or a verdict), checked against what the
+    reader declares; anything else one SchemaError naming the file and the line."""
     from repro.common.results import read_jsonl
 
+    where = _where(Path(path), root)
     try:
-        return read_jsonl(path)
-    except ValueError as err:
-        raise SchemaError(f"{_where(Path(path), root)}: {err}") from err
+        rows = read_jsonl(path, strict=True)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SchemaError(f"{where}, {str(err).splitlines()[0]}") from err
+    if declared is not None:
+        declared.check(rows, where)
+    return rows
+
+
+def read_table(path: Path, root, table: Table) -> pd.DataFrame:
+    """One CSV (outside the report's single reading of results/: the claims), checked as a
+    section's tables are."""
+    df = _read_csv(Path(path), root)
+    table.check(Path(path), df, Path(root))
+    return df
 
 
 def named(csvs, name: str) -> list[tuple[Path, pd.DataFrame]]:

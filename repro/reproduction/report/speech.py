@@ -6,12 +6,16 @@ import pandas as pd
 
 from repro.common import paper
 from repro.reproduction.report.format import code, command, hardware, md_table, num, run_rows
-from repro.reproduction.report.schema import Table
+from repro.reproduction.report.schema import Table, failed
 
 PER_COLUMNS = ("valid_per_%", "per_%", "per", "eval_per", "valid_per", "test_per_%", "test_per")
 TABLES = [Table("*.csv", {col: float}, {"seconds_per_epoch": float, "s_per_epoch": float, "cpu_s_per_epoch": float,
                                         "steps": float}, when=col)
           for col in PER_COLUMNS]
+# the speech task's own table, by name: one that lost its seconds or its status fails, never shows "—" for them
+TABLES.append(Table("asr_table.csv", {"model": str, "steps": float, "s_per_epoch": float, "status": str},
+                    {"cpu_s_per_epoch": float}))
+NOT_RECORDED = "not recorded"  # a column an older or another table never had (no CPU time, no seconds)
 
 
 def _asr_device(df, folder) -> str:
@@ -40,10 +44,13 @@ def asr_tables_of(csvs):
     return out
 
 
-def _seconds(value, steps) -> str | None:
+def _seconds(r, col, steps) -> str | None:
     """Seconds per epoch, marked with the updates it comes from: the task times the median update
     and multiplies it by the updates of one epoch, so a short timing run is an extrapolation."""
-    if value is None or pd.isna(value):
+    if col is None or col not in r:
+        return NOT_RECORDED
+    value = r[col]
+    if pd.isna(value):
         return None
     return num(float(value)) + (f" (from {int(steps)} updates)" if steps is not None and pd.notna(steps) else "")
 
@@ -67,12 +74,16 @@ def table_3(ctx) -> str:
         folder = path.parent
         timing = is_timing_run(df, folder)
         found = {}
-        for _, r in df.dropna(subset=[col]).iterrows():
-            per = float(r[col]) * (1 if col.endswith("%") or float(r[col]) > 1 else 100)
+        for _, r in df.iterrows():
+            lost = "status" in r and failed(r.status)  # a diverged run: its numbers are no result
+            if pd.isna(r[col]) and not lost:
+                continue
+            per = f"failed ({r.status})" if lost else float(r[col]) * (
+                1 if col.endswith("%") or float(r[col]) > 1 else 100)
             steps = r.get("steps")
             found[str(r[name_col]).lower().replace("-lstm", "lstm").replace("_", "")] = (
-                "timing run" if timing else per, _seconds(r.get(secs) if secs else None, steps),
-                _seconds(r.get("cpu_s_per_epoch"), steps))
+                "timing run" if timing and not lost else per, _seconds(r, secs, steps),
+                _seconds(r, "cpu_s_per_epoch", steps))
         rows = []
         for name, (p_per, p_s) in paper.ASR.items():
             ours = [o for o in paper.FIGURE1_OURS.get(name, [name]) if o in found] or [name]
