@@ -1,4 +1,5 @@
 """Entry point: python run.py task=... attention=... [-m for sweeps]. See README.md."""
+import os
 import signal
 import sys
 
@@ -46,6 +47,11 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
+    from repro.common.results import COMMAND_ENV, run_command
+
+    # the command as typed (preflight adds the pinned sweep dir), carried by every row and so into the
+    # command.txt of a published folder; in the environment, so a launcher's worker processes see it
+    os.environ[COMMAND_ENV] = run_command(sys.argv[1:], distributed.env_world_size())
     try:
         # Under torchrun rank 0 fixes the run dir for all ranks (below); each rank must not pick its own.
         single_process = distributed.env_world_size() <= 1

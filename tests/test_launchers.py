@@ -156,12 +156,16 @@ def test_a_launcher_sweep_publishes_its_aggregate(tmp_path):
     folder, found through each job's config; it used to hold the last job's rows alone (the
     callback aggregated without publishing, for the tasks that publish by argument)."""
     publish = Path("outputs") / f"test-publish-{os.getpid()}"
+    args = ["-m", "hydra/launcher=joblib_cpu", "experiment=smoke_benchmark", "model=tiny", "attention=softmax,linear",
+            "task.lengths=[16]", "task.tokens=16", "task.repeats=1", "task.warmup=0", "task.isolate=false",
+            f"task.publish={publish}"]
     try:
-        hydra_run(tmp_path, "-m", "hydra/launcher=joblib_cpu", "experiment=smoke_benchmark", "model=tiny",
-                  "attention=softmax,linear", "task.lengths=[16]", "task.tokens=16", "task.repeats=1",
-                  "task.warmup=0", "task.isolate=false", f"task.publish={publish}")
+        hydra_run(tmp_path, *args)
         table = pd.read_csv(REPO / publish / "benchmark.csv")
         assert sorted(table.attention) == ["linear", "softmax"], table
+        # the sweep's command as typed (not the pinned sweep dir run.py adds), from the joblib workers' rows
+        typed = " ".join(f"'{a}'" if "[" in a else a for a in args)
+        assert (REPO / publish / "command.txt").read_text() == f"OMP_NUM_THREADS=1 python run.py {typed}\n"
     finally:
         import shutil
         shutil.rmtree(REPO / publish, ignore_errors=True)

@@ -719,3 +719,42 @@ def test_a_failed_run_is_shown_failed_with_its_status_in_every_section(tmp_path)
     assert cells(md, "linear", "### Table 1: MNIST")["our bits/dim, CPU"] == f"failed ({bad})"
     assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "1.5"
 
+
+def test_a_parent_readme_gives_a_command_only_to_a_folder_it_names(tmp_path):
+    """A run published beside documented ones used to get the parent README's first command (another
+    folder's): now only a line naming the folder counts; else it says the command is not recorded."""
+    from repro.reproduction.report.format import command
+
+    (tmp_path / "copy" / "named").mkdir(parents=True)
+    (tmp_path / "copy" / "diverged").mkdir()
+    (tmp_path / "copy" / "README.md").write_text(
+        "- `other/`:\n\n      python run.py -m experiment=copy_figure2_cpu\n\n"
+        "- `named/`: `python run.py experiment=smoke_copy task.publish=results/copy/named`\n")
+    assert command(tmp_path / "copy" / "named", tmp_path) == \
+        "python run.py experiment=smoke_copy task.publish=results/copy/named"
+    assert command(tmp_path / "copy" / "diverged", tmp_path) == "not recorded (add a command.txt)"
+
+
+def test_publishing_writes_the_commands_that_made_the_rows(tmp_path, monkeypatch):
+    """run.py records its command line (with the settings from the environment that change results);
+    every row carries it and the published folder gets it as command.txt, one command a line, so a
+    new run's folder is never "not recorded"."""
+    import torch
+
+    from repro.common import results
+    from repro.reproduction.report.format import command
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    typed = ["experiment=smoke_copy", "task.label=two words", "task.publish=results/copy/x"]
+    line = results.run_command(typed)
+    assert line == "OMP_NUM_THREADS=1 python run.py experiment=smoke_copy 'task.label=two words' " \
+                   "task.publish=results/copy/x"
+    assert results.run_command(["a=1"], world_size=2).endswith("torchrun --nproc_per_node=2 run.py a=1")
+    monkeypatch.setenv(results.COMMAND_ENV, line)
+    row_ = {"publish": str(tmp_path / "copy" / "x"), **results.provenance(torch.device("cpu"))}
+    assert row_["command"] == line
+    folder = results.publish_folder([row_, {**row_, "command": "python run.py seed=1"}, row_])
+    assert (folder / "command.txt").read_text() == f"{line}\npython run.py seed=1\n"
+    assert command(folder, tmp_path) == f"{line}\npython run.py seed=1"
+    monkeypatch.delenv(results.COMMAND_ENV)
+    assert "command" not in results.provenance(torch.device("cpu"))  # outside run.py: none claimed

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 from datetime import datetime, timezone
@@ -94,9 +95,29 @@ def _refuse_dropping_other_runs(path: Path, rows):
 
 def publish_folder(rows) -> Path | None:
     """The folder under the repository that the rows ask their aggregate to be published in (their
-    `publish` setting), or None: a run and a sweep's callback publish alike."""
+    `publish` setting), or None: a run and a sweep's callback publish alike. The commands that made
+    the rows (their `command`, one a line) are written to its command.txt, so that the report never
+    has to guess a published folder's command (rows from outside run.py name none: nothing written)."""
     publish = next((r.get("publish") for r in rows if r.get("publish")), None)
-    return REPO / publish if publish else None
+    if not publish:
+        return None
+    folder = REPO / publish
+    commands = dict.fromkeys(str(r["command"]) for r in rows if r.get("command"))
+    if commands:
+        atomic_write(folder / "command.txt", "".join(c + "\n" for c in commands))
+    return folder
+
+
+COMMAND_ENV = "REPRO_COMMAND"  # run.py puts its command line here; every row it makes carries it
+RECORDED_ENV = ("OMP_NUM_THREADS", "REPRO_KERNEL")  # settings from the environment that change results
+
+
+def run_command(argv: list[str], world_size: int = 1) -> str:
+    """The command line of a run.py process as the user typed it (argv without the program, before
+    run.py adds to it), with the environment settings that change its results."""
+    env = [f"{k}={shlex.quote(os.environ[k])}" for k in RECORDED_ENV if os.environ.get(k)]
+    start = ["python", "run.py"] if world_size <= 1 else ["torchrun", f"--nproc_per_node={world_size}", "run.py"]
+    return " ".join([*env, *start, *map(shlex.quote, argv)])
 
 
 def json_text(obj, **kwargs) -> str:
@@ -174,8 +195,11 @@ def versions() -> dict:
 
 def provenance(device: torch.device) -> dict:
     """What every row carries besides its metrics."""
-    return {"device": device_name(device), "versions": versions(), "git_sha": git_sha(),
-            "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    out = {"device": device_name(device), "versions": versions(), "git_sha": git_sha(),
+           "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if os.environ.get(COMMAND_ENV):  # made by run.py (see run_command): the command that made the row
+        out["command"] = os.environ[COMMAND_ENV]
+    return out
 
 
 def rows_to_csv(rows) -> str:

@@ -169,7 +169,9 @@ def run_step(ctx, number, force=False, deadline=None):
     if spec.before:
         spec.before(ctx)
     jobs = spec.jobs(ctx)
-    atomic_write(d / "command.txt", "".join(shown(j.argv) + "\n" for j in jobs if not j.skip))
+    commands = "".join(shown(j.argv) + "\n" for j in jobs if not j.skip)
+    # written again once the jobs have run: a job publishing into d writes its own command.txt (its one command)
+    atomic_write(d / "command.txt", commands)
     results = {}
     for job in jobs:
         jm = d / "jobs" / f"{job.name}.json"
@@ -190,6 +192,7 @@ def run_step(ctx, number, force=False, deadline=None):
             try:
                 status, rc, seconds = run_job(job, d / "logs" / f"{job.name}.log", deadline=deadline)
             except Interrupted:
+                atomic_write(d / "command.txt", commands)
                 atomic_write(jm, json.dumps({"status": "interrupted", "command": shown(job.argv)}, indent=1) + "\n")
                 atomic_write(marker, json.dumps({"status": "incomplete", "jobs": results}, indent=1) + "\n")
                 raise
@@ -208,6 +211,7 @@ def run_step(ctx, number, force=False, deadline=None):
         except Exception as err:  # noqa: BLE001  (the step is then not done; the others go on)
             print(f"[{number} {name}] aggregating failed: {type(err).__name__}: {err}")
             done = False
+    atomic_write(d / "command.txt", commands)
     atomic_write(marker, json.dumps({"status": "done" if done else "incomplete", "jobs": results}, indent=1) + "\n")
     print(f"[{number} {name}] {'done' if done else 'INCOMPLETE: rerun to continue (finished jobs are kept)'}")
     return done

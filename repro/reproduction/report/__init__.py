@@ -25,8 +25,10 @@ What it reads (the convention for results folders; any depth under results/):
   the run rows in a .jsonl beside the CSV may carry it instead). Tables 1, 2, 4 and 5 give ours in
   one column per hardware: CPU (any CPU), and each GPU by its name; a cell never mixes hardware.
 The commands that produced a folder: its `command.txt` (one command a line, a trailing backslash
-continuing one), else the first `python ...` command in the README.md of the folder or of the nearest
-parent folder under results/. A paper table with no result of ours says "not yet run".
+continuing one; task.publish writes it), else the first `python ...` command in the folder's README.md,
+or in the nearest parent's README.md under results/ one on a line naming the folder. A paper table
+with no result of ours says "not yet run". A damaged file or a missing declared column stops it with
+one line naming the file; a failed run (schema.failed) is shown as failed, never as a result.
 
 One module per part of REPORT.md (figure1, figure2, fidelity, images, speech, kernels, cpu_speed,
 gpu_runs), each declaring the tables it reads (its TABLES, checked on load by schema.py);

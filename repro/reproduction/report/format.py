@@ -48,9 +48,9 @@ def command(folder: Path, root: Path) -> str:
     d = folder
     while True:
         found = _commands_in((d / "README.md").read_text()) if (d / "README.md").is_file() else []
-        if d != folder:  # a parent's README: the command on the line naming this folder
-            named = [c for line, c in found if f"{folder.relative_to(d).as_posix()}" in line]
-            found = [(None, c) for c in named] or found
+        if d != folder:  # a parent's README: only a command on a line naming this folder (its first
+            # command may be another folder's: a run published beside them would be credited with it)
+            found = [(line, c) for line, c in found if f"{folder.relative_to(d).as_posix()}" in line]
         if found:
             return found[0][1]
         if d == root or root not in d.parents:
