@@ -45,3 +45,23 @@ def test_fewer_than_three_seeds_is_a_measurement(tmp_path):
     (folder / "copy_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     md = build(tmp_path, tmp_path / "R.md")
     assert "measured, not judged (2 seed(s); judged from 3)" in md
+
+
+def test_a_row_without_its_loss_is_one_error_naming_the_file_and_line(tmp_path):
+    """The section reads copy_rows.jsonl as the claims do (figure2.COPY_ROWS): a final row that lost
+    eval_loss used to be a KeyError; a torn last line was dropped."""
+    import pytest
+
+    from repro.reproduction.report import SchemaError
+
+    folder = tmp_path / FOLDER
+    folder.mkdir(parents=True)
+    rows = _rows({"linear": [0.30, 0.31, 0.29], "gla": [0.10, 0.11, 0.09]})
+    del rows[4]["eval_loss"]
+    (folder / "copy_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SchemaError, match=r"successors_n128_cpu/copy_rows\.jsonl, line 5: no field 'eval_loss'"):
+        build(tmp_path, tmp_path / "R.md")
+    text = "".join(json.dumps(r) + "\n" for r in _rows({"linear": [0.30, 0.31, 0.29]}))
+    (folder / "copy_rows.jsonl").write_text(text[:-40])
+    with pytest.raises(SchemaError, match=r"copy_rows\.jsonl, line 3: the last line is cut off"):
+        build(tmp_path, tmp_path / "R.md")

@@ -19,6 +19,7 @@ import pandas as pd
 
 from repro.common import paper
 from repro.common.results import REPO
+from repro.reproduction.report.figure2 import COPY_ROWS
 from repro.reproduction.report.schema import Rows, Table, failed, read_json, read_rows, read_table
 from repro.reproduction.verdicts import CONTRADICTED, MEASURED, REPRODUCED, UNDECIDED, Seeds, below, reaches, slopes
 
@@ -76,11 +77,6 @@ def _missing(claim, paper, folder):
 
 # What each claim reads, declared as the report's sections declare theirs (repro.reproduction.report.schema):
 # a file that lost a field or a column is one error naming it, never a KeyError or a silent NaN
-COPY_ROWS = Rows("copy_rows.jsonl", {
-    "*": {"kind": str, "attention": str, "max_len": float, "min_copy": float, "max_copy": float, "n_layers": float,
-          "d_model": float},
-    "eval": {"seed": float, "step": float, "loss": float},
-    "final": {"seed": float, "steps": float, "eval_loss": float, "eval_accuracy": float, "status": str}})
 MNIST_ROWS = Rows("image_rows.jsonl", {"*": {"kind": str, "attention": str},
                                        "eval": {"seed": float, "step": float, "bits_per_dim": float},
                                        "final": {"seed": float, "cpu_time_per_step_ms": float, "status": str}})

@@ -3,11 +3,17 @@ import pandas as pd
 
 from repro.common import paper
 from repro.reproduction.report.format import code, command, hardware, md_table, num
-from repro.reproduction.report.schema import Table, failed, named, read_rows
+from repro.reproduction.report.schema import Rows, Table, failed, named, read_rows
 
 # what task=copy's aggregate writes; a spread needs two seeds (a single seed's is empty, not missing)
 NEEDED = {"max_len": float, "attention": str, "n_seeds": float, "steps": float, "eval_loss": float,
           "eval_accuracy": float, "time_per_step_ms": float, "status": str}
+# the run rows task=copy publishes beside it, as the claims and the successors' section read them
+COPY_ROWS = Rows("copy_rows.jsonl", {
+    "*": {"kind": str, "attention": str, "max_len": float, "min_copy": float, "max_copy": float, "n_layers": float,
+          "d_model": float},
+    "eval": {"seed": float, "step": float, "loss": float},
+    "final": {"seed": float, "steps": float, "eval_loss": float, "eval_accuracy": float, "status": str}})
 TABLES = [Table("copy_final.csv", NEEDED,
                 {"eval_loss_std": float, "eval_accuracy_std": float, "device": str})]
 

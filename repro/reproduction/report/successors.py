@@ -6,7 +6,9 @@ linear."""
 import pandas as pd
 
 from repro.reproduction import verdicts
+from repro.reproduction.report.figure2 import COPY_ROWS
 from repro.reproduction.report.format import code, command, hardware, md_table
+from repro.reproduction.report.schema import failed as lost
 from repro.reproduction.report.schema import read_rows
 
 FOLDER = "copy/successors_n128_cpu"  # experiment=copy_successors_cpu publishes here
@@ -26,9 +28,9 @@ def successors(ctx) -> str:
     if not path.is_file():
         return ""
     ctx.used.add(path.parent)
-    rows = pd.DataFrame(read_rows(path, ctx.root))
-    final = rows[rows.kind == "final"] if "kind" in rows else rows.iloc[:0]
-    failed = final[final.status != "ok"] if "status" in final else final.iloc[:0]
+    rows = pd.DataFrame(read_rows(path, ctx.root, COPY_ROWS))  # a missing field: one error, never a KeyError
+    final = rows[rows.kind == "final"]
+    failed = final[final.status.map(lost)]
     ok = final[~final.index.isin(failed.index)]
     seeds = {a: verdicts.Seeds(tuple(float(v) for v in g.sort_values("seed").eval_loss))
              for a, g in ok.groupby("attention")}
