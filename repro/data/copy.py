@@ -8,9 +8,7 @@ separator, the same n symbols again, then padding:
 The model reads it causally and predicts each next token. By default only the copy is scored:
 the targets at positions n .. 2n-1 (whose next tokens are the repeated a_1..a_n), so that a
 perfect copier reaches loss 0 and accuracy 1. The authors' copy script also scores position n-1
-(predicting the separator, which no model can always get right since n is random):
-score_separator=True does as they do (the paper_authors preset), and its loss then has a floor
-above 0.
+(predicting the separator): score_separator=True does as they do (the paper_authors preset).
 """
 import torch
 

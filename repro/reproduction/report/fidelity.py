@@ -73,7 +73,7 @@ def comparison(df: pd.DataFrame) -> tuple[list, list]:
                      _mean(ours, "wall_s"), _mean(theirs, "wall_s")])
     if "their_scoring" in theirs and theirs.their_scoring.notna().all() and len(theirs):
         notes.append("The authors' script's own held-out loss, which also scores the separator's target "
-                     f"(position n - 1, an easy one): {_cell(Seeds(tuple(theirs.their_scoring)))}; the "
+                     f"(position n - 1): {_cell(Seeds(tuple(theirs.their_scoring)))}; the "
                      "comparison above uses the copy positions only, on their script's own evaluation batches.")
     return rows, notes
 
