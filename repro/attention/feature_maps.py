@@ -47,6 +47,11 @@ class FeatureMap(nn.Module):
         super().__init__()
         self.head_dim = head_dim
 
+    # grad_from_phi(phi, grad_phi, out): x's gradient from phi(x) alone, written into out (phi may
+    # be overwritten), for maps with such a closed form; 0 where phi is 0 (padded keys). None:
+    # autograd through phi (the linear layer's backward, repro.attention.linear).
+    grad_from_phi = None
+
     def new_feature_map(self):
         """Redraw any randomness (no-op for deterministic maps)."""
 
@@ -55,6 +60,12 @@ class EluFeatureMap(FeatureMap):
     """phi(x) = elu(x) + 1, the paper's choice: positive, and the identity's slope for x > 0."""
 
     contiguous_output = True
+
+    @staticmethod
+    def grad_from_phi(phi, grad_phi, out):
+        """d phi / dx = 1 for x > 0 (phi = x + 1 > 1), e^x = phi for x <= 0 (phi <= 1): min(phi, 1),
+        one pass with no graph where autograd would take phi's again and elu's backward on x."""
+        torch.mul(grad_phi, phi.clamp_(max=1), out=out)
 
     def forward(self, x):
         if torch.compiler.is_compiling():

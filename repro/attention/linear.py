@@ -16,8 +16,9 @@ import torch
 from repro.attention.base import AttentionLayer
 from repro.attention.feature_maps import EluFeatureMap
 from repro.kernels import cupy_for
+from repro.kernels.blocked import normalised_backward, normalised_forward
 from repro.kernels.normalised import accumulation_dtype as _acc
-from repro.kernels.normalised import causal_linear_attention, normalised_backward, normalised_forward
+from repro.kernels.normalised import causal_linear_attention
 from repro.kernels.recurrent import LinearState, linear_attention_step, new_state
 
 __all__ = ["LinearAttention", "LinearState"]
@@ -27,18 +28,43 @@ def _buffer_versions(module):
     return [b._version for b in module.buffers()]
 
 
+def _feature_fns(layer, mask, acc):
+    """The feature map as repro.kernels.blocked takes it: phi of a slice of q or k (padded keys
+    zeroed), in acc; and x's gradient from phi's, by the map's closed form in phi where it has one
+    (elu + 1: d phi / dx = min(phi, 1), in place, with no graph), else by autograd through the
+    graph recorded when phi was taken."""
+    closed = layer.feature_map.grad_from_phi
+
+    def phi(x, idx, key, graph):
+        part, m = x[idx], None if mask is None or not key else mask[idx[0], idx[2]]
+        if graph and closed is None:
+            with torch.enable_grad():
+                xd = part.detach().requires_grad_()
+                p = layer._phi_one(xd, m)  # (b, h, T, F)
+            return p.detach().to(acc), (xd, p)
+        return layer._phi_one(part, m).to(acc), None
+
+    def phi_grad(handle, p, grad_p, out):
+        if handle is None:
+            closed(p, grad_p, out)
+        else:
+            (gx,) = torch.autograd.grad(handle[1], handle[0], grad_p.to(handle[1].dtype))
+            out.copy_(gx)
+
+    return phi, phi_grad
+
+
 class _RecomputedAttention(torch.autograd.Function):
     """(q, k, v) (B, H, N, D|M) -> y (B, H, N, M), a view of a contiguous (B, N, H, M) tensor,
     keeping q, k, v, y and inv = 1 / (den + eps) (B, H, N, 1) for backward. phi(Q), phi(K) and
     [v, 1] are recomputed there: a few elementwise passes, against 2 N F + N (M + 1) values
     per head kept otherwise (the product's chunk states, about N D M / C more, are recomputed
-    too, by one matmul and a scan)."""
+    too, by one matmul and a scan). Both passes run in bounded workspace (repro.kernels.blocked)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, key_padding_mask, layer):
-        phi_q, phi_k = layer._phi(q, k, key_padding_mask)
-        acc = _acc(phi_q.dtype)
-        y, inv = normalised_forward(phi_q.to(acc), phi_k.to(acc), v, layer.eps, causal)
+        acc = _acc(q.dtype)
+        y, inv = normalised_forward(q, k, v, _feature_fns(layer, key_padding_mask, acc)[0], layer.eps, causal, acc)
         ctx.save_for_backward(q, k, v, y, inv)
         # The mask is the caller's and tiny; a feature map's buffers (Performer's W) are module
         # state, not copied: a redraw before this backward is caught by their versions instead.
@@ -61,21 +87,9 @@ class _RecomputedAttention(torch.autograd.Function):
                 out = layer._attend_autograd(q, k, v, ctx.causal, ctx.mask)
             grads = iter(torch.autograd.grad(out, inputs, g, create_graph=True))
             return (*(next(grads) if r else None for r in need), None, None, None)
-        with torch.enable_grad():  # phi again, with its graph, for phi's own backward below
-            qd, kd = q.detach().requires_grad_(need[0]), k.detach().requires_grad_(need[1])
-            phi_q, phi_k = layer._phi(qd, kd, ctx.mask)
-        grad_phi_q, grad_phi_k, grad_v = normalised_backward(phi_q.detach().to(inv.dtype), phi_k.detach().to(inv.dtype),
-                                                             v, y, inv, g, ctx.causal, need)
-        phis = [(p, gr) for p, gr, r in ((phi_q, grad_phi_q, need[0]), (phi_k, grad_phi_k, need[1])) if r]
-        grad_q = grad_k = None
-        if phis:
-            grads = iter(torch.autograd.grad([p for p, _ in phis], [x for x, r in ((qd, need[0]), (kd, need[1])) if r],
-                                             [gr.to(p.dtype) for p, gr in phis]))
-            grad_q, grad_k = (next(grads) if r else None for r in need[:2])
-        if grad_v is not None:  # into the projection's (B, N, H, M) layout: its backward reads it as is
-            grad_v = torch.empty_like(v.transpose(1, 2), memory_format=torch.contiguous_format).transpose(1, 2) \
-                .copy_(grad_v)
-        return grad_q, grad_k, grad_v, None, None, None
+        # Each in the projection's (B, N, H, X) layout, which its backward reads without a copy.
+        grads = normalised_backward(q, k, v, y, inv, g, *_feature_fns(layer, ctx.mask, inv.dtype), ctx.causal, need)
+        return (*grads, None, None, None)
 
 
 class LinearAttention(AttentionLayer):
@@ -93,12 +107,17 @@ class LinearAttention(AttentionLayer):
         # copies, and so does every map under torch.compile: on such a layout torch's meta
         # function for elu's backward predicts other strides than its CPU kernel returns, which
         # breaks compiled (AOTAutograd) backward graphs.
+        return self._phi_one(q), self._phi_one(k, key_padding_mask)
+
+    def _phi_one(self, x, key_padding_mask=None):
+        """phi(x) (B, H, N, F), contiguous; positions padded in key_padding_mask (B, N) zeroed."""
         if not self.feature_map.contiguous_output or torch.compiler.is_compiling():
-            q, k = q.contiguous(), k.contiguous()
-        phi_q, phi_k = self.feature_map(q), self.feature_map(k)  # (B, H, N, F), contiguous
-        if key_padding_mask is not None:
-            phi_k = phi_k.masked_fill(key_padding_mask[:, None, :, None], 0.0)  # padded keys add nothing
-        return phi_q, phi_k
+            x = x.contiguous()
+        phi = self.feature_map(x)
+        if key_padding_mask is not None:  # padded keys add nothing; in place where no graph can need phi
+            mask = key_padding_mask[:, None, :, None]
+            phi = phi.masked_fill(mask, 0.0) if torch.is_grad_enabled() else phi.masked_fill_(mask, 0.0)
+        return phi
 
     def _recomputes(self, q, k, v, causal):
         """Whether attend takes _RecomputedAttention: not in traced graphs (the compiler keeps its

@@ -95,7 +95,7 @@ def _place(res, like, n, out):
 MATMUL_SCAN_CHUNKS = 8  # measured (fwd + bwd, interleaved): 1.04-1.18x at nc = 4, 0.9-1.1x at nc = 16
 
 
-def _chunk_states(x, n_chunks, reverse=False, safe=False):
+def _chunk_states(x, n_chunks, reverse=False, safe=False, matmul_chunks=MATMUL_SCAN_CHUNKS):
     """Exclusive prefix sums over each sequence's chunks: (L, D, M) with L = batch * nc -> the
     state before (after, when reverse) each chunk. On CPU a loop over chunks, one add per chunk
     written straight into its slot: torch's cumsum along a non-last axis runs at a fraction of
@@ -110,7 +110,7 @@ def _chunk_states(x, n_chunks, reverse=False, safe=False):
         else:
             out = F.pad(x[:, :-1], (0, 0, 0, 0, 1, 0)).cumsum(1)
         return out.flatten(0, 1)
-    if n_chunks <= MATMUL_SCAN_CHUNKS and not safe:
+    if n_chunks <= matmul_chunks and not safe:
         # Few chunks: one matmul with a strictly triangular ones matrix (nc^2 D M multiply-adds,
         # at most an eighth of one chunk matmul's work when nc <= C / 8) is one op instead of nc
         # small adds, each of which is a parallel region that waits for every thread.
@@ -129,13 +129,13 @@ def _chunk_states(x, n_chunks, reverse=False, safe=False):
     return out.flatten(0, 1)
 
 
-def _scan(x, n_chunks, reverse=False):
+def _scan(x, n_chunks, reverse=False, matmul_chunks=MATMUL_SCAN_CHUNKS):
     """(_chunk_states of x, whether x holds an inf or NaN). The answer comes from the sequences'
     totals alone (the state after the last chunk, before the first when reverse, plus that
     chunk's own sum: 1/nc of x): a sum over a non-finite value is not finite, and an inf or NaN
     in an input (k or v of sum k_j v_j^T, q or g of sum q_j g_j^T) makes a whole row or column
     of its chunk's sum so. When it does, the states are taken again by the safe scan."""
-    states = _chunk_states(x, n_chunks, reverse=reverse)
+    states = _chunk_states(x, n_chunks, reverse=reverse, matmul_chunks=matmul_chunks)
     end = lambda t: t.view(-1, n_chunks, *t.shape[-2:])[:, 0 if reverse else -1]  # noqa: E731
     if not _any_non_finite(end(states) + end(x)):  # (batch, D, M)
         return states, False
@@ -158,7 +158,7 @@ def _masked_bmm(m, x, safe, upper=False, out=None):
     return torch.bmm(m, finite, out=out).add_(reach)
 
 
-def _forward(q, k, v, c, out=None, states=None):
+def _forward(q, k, v, c, out=None, states=None, matmul_chunks=MATMUL_SCAN_CHUNKS):
     """(the causal product, whether k or v holds an inf or NaN); with states (L, D, M), the
     state before each chunk is kept there for the backward (grad q needs it: the size of q when
     C = M, and a matmul and a scan fewer in the backward). q reaches only its own rows."""
@@ -166,19 +166,21 @@ def _forward(q, k, v, c, out=None, states=None):
     nc = -(-n // c)
     qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (L, C, D|M)
     scores = torch.bmm(qc, kc.mT).tril_()  # (L, C, C): q_i . k_j for j <= i inside the chunk
-    s, bad = _scan(torch.bmm(kc.mT, vc), nc)  # (L, D, M): sum of k_j v_j^T over earlier chunks
+    # (L, D, M): sum of k_j v_j^T over earlier chunks
+    s, bad = _scan(torch.bmm(kc.mT, vc), nc, matmul_chunks=matmul_chunks)
     if states is not None:
         states.copy_(s)
     res = _masked_bmm(scores, vc, bad, out=_into(out, c)).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
     return _place(res, v, n, out), bad
 
 
-def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None, kv_bad=False):
+def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None, kv_bad=False, rev=None):
     """All three gradients from shared pieces (A = tril(g v^T) serves grad q and, transposed,
     grad k; one reverse state R = sum q_j g_j^T serves grad k (as R^T) and grad v); each
     gradient is one bmm plus one in-place baddbmm_, with no separate add pass. states: the
     forward's chunk states, recomputed when not given; kv_bad: the forward's word on k and v
-    (A's masked products take k, q and g: _masked_bmm)."""
+    (A's masked products take k, q and g: _masked_bmm); rev: (R after each chunk, whether q or g
+    holds an inf or NaN), given by a caller that takes a sequence in blocks (repro.kernels.blocked)."""
     n = q.shape[-2]
     nc = -(-n // c)
     # _split makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
@@ -192,9 +194,10 @@ def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None, kv_bad=
             states, kv_bad = _scan(torch.bmm(kc.mT, vc), nc)  # (L, D, M) before each chunk
         grad_q = _place(_masked_bmm(a, kc, kv_bad, out=_into(outs[0], c)).baddbmm_(gc, states.mT), q, n, outs[0])
     if need[1] or need[2]:
-        r, qg_bad = _scan(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
+        r, qg_bad = rev or _scan(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
     if need[1]:  # grad k_i = sum_{j>=i} (g_j . v_i) q_j = intra a^T @ q + v_i^T R^T
         grad_k = _place(_masked_bmm(a.mT, qc, qg_bad, True, out=_into(outs[1], c)).baddbmm_(vc, r.mT), k, n, outs[1])
+    a = None  # (L, C, C) freed before p: the backward's workspace is a block's (repro.kernels.blocked)
     if need[2]:  # grad v_i = sum_{j>=i} (q_j . k_i) g_j = intra tril(q k^T)^T @ g + k_i^T R
         p = torch.bmm(qc, kc.mT).tril_()  # the forward's scores, recomputed (not saved: O(N C))
         grad_v = _place(_masked_bmm(p.mT, gc, qg_bad, True, out=_into(outs[2], c)).baddbmm_(kc, r), v, n, outs[2])

@@ -33,3 +33,26 @@ def layer_saved_mib(layer, x, **kwargs) -> float:
     """MiB one attention layer keeps for backward on input x (B, N, d_model)."""
     nbytes, _ = saved_bytes(layer, x.requires_grad_(True), **kwargs)
     return nbytes / 2**20
+
+
+def peak_allocated_bytes(fn, *args, **kwargs) -> tuple[int, object]:
+    """(the peak of CPU bytes held by torch's allocator while `fn(*args, **kwargs)` runs, above what
+    was held when it started; its result), exact: the profiler's record of every allocation and
+    free, replayed in order. Counts the calling thread's allocations (run torch single-threaded
+    for the whole picture); peak RSS adds the C library's slack to this."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn(*args, **kwargs)
+    sizes, todo = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        node = todo.pop()
+        todo.extend(node.children)
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))
+    held = peak = 0
+    for _, size in sorted(sizes):
+        held += size
+        peak = max(peak, held)
+    return peak, out

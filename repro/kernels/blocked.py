@@ -1,0 +1,200 @@
+"""The linear layer's normalised attention outside autograd, from q, k, v and a feature map, in
+bounded workspace: its autograd Function (repro.attention.linear) keeps only q, k, v, the output
+y and inv = 1 / (den + eps) and recomputes the rest here in its backward.
+
+    y = num * inv,  [num | den] = phi(Q) [S | Z]  (causal: the sums over j <= i, by the causal product on [v, 1])
+
+On CPU the (batch, head) rows go in groups (the chunked path's thread pool runs them), each from
+phi to the written result before the next; the backward takes a row longer than the block in
+blocks of tokens, twice: once for the chunk products whose scans give the states before and after
+each block (S for grad q, R for grad k and grad v), once for the gradients. So phi(Q), phi(K),
+[v, 1], the upstream gradient's [g inv | -sum g inv y] and their gradients exist one block at a
+time, and the layer's peak memory is about SDPA softmax's: its kept tensors, the upstream
+gradient and the three input gradients (docs/attention.md). Elsewhere (GPUs) one group and one
+block: the whole batch in each launch, through the dispatcher (repro.kernels).
+
+phi(x, index, key, graph) -> (phi of x[index] in the accumulation dtype, contiguous, padded keys
+zeroed; a handle, with phi's graph when `graph`), and phi_grad(handle, phi_x, grad_phi, out) writes
+the gradient of x[index] into out: the layer's feature map, index = (batch, head, token slices).
+"""
+import torch
+
+from repro.kernels import causal_dot_product, causal_dot_product_backward
+from repro.kernels.chunked import _backward, _forward, _may_use_threads, _run_groups, _scan, _split, default_chunk_size
+
+# Workspace of one group or block of the backward, per thread: about 4 F + 4 (M + 1) + 2 C fp32
+# values per (row, token) (phi(Q), phi(K), [v, 1], [g inv | .], their gradients, the chunk states, a
+# (C, C) block per chunk). Smaller is slower: fp32, d_model 256, 8 heads, 4,096 tokens, 1 thread,
+# medians of 3 interleaved rounds (load ~5), the layer's fwd + bwd against the code before it:
+# 2 MiB 0.95-1.16x the time, 1 MiB 1.4-1.8x (a row then takes two passes of small blocks), 8 MiB
+# 0.9-1.03x; peak above SDPA softmax's at N = 4,096 (exact, torch's allocator): +1.9, +1.3, +4 MiB.
+WORKSPACE_BYTES = 2 << 20
+SCAN_CHUNKS = 64
+
+
+def _heads_last(shape, dtype, device):
+    """An empty (B, H, N, X) tensor laid out as (B, N, H, X): flattening its transpose to the
+    (B, N, H X) the output projection reads is then a view, not a copy; the projections'
+    backward reads a gradient in that layout without a copy too."""
+    b, h, n, x = shape
+    return torch.empty(b, n, h, x, dtype=dtype, device=device).transpose(1, 2)
+
+
+def _with_ones(v, dtype):
+    """[v | 1] (..., N, M + 1), contiguous, in dtype: the normaliser as the product's last column."""
+    v1 = torch.empty(*v.shape[:-1], v.shape[-1] + 1, dtype=dtype, device=v.device)
+    v1[..., :-1].copy_(v)
+    v1[..., -1].fill_(1.0)
+    return v1
+
+
+def _g1(g, y, inv):
+    """The gradient of [num | den] (..., N, M + 1) for the upstream g: [g inv | -sum_m g_m inv y_m]."""
+    g1 = torch.empty(*y.shape[:-1], y.shape[-1] + 1, dtype=inv.dtype, device=inv.device)
+    g_num = torch.mul(g, inv, out=g1[..., :-1])
+    torch.sum(g_num * y, -1, keepdim=True, out=g1[..., -1:]).neg_()
+    return g1
+
+
+def _plan(q, v, c):
+    """(groups of rows [(batch slice, head slice)], the backward's block of tokens)."""
+    b, h, n, f = q.shape
+    if q.device.type != "cpu":
+        return [(slice(None), slice(None))], n
+    per_token = 4 * (4 * f + 4 * (v.shape[-1] + 1) + 2 * c)  # bytes of workspace per (row, token)
+    tokens = max(c, WORKSPACE_BYTES // per_token // c * c)
+    threads = torch.get_num_threads() if _may_use_threads() else 1
+    per = max(1, min(tokens // n, -(-b * h // threads)))  # rows per group
+    while per < h and h % per:
+        per -= 1  # equal groups of heads
+    if per >= h:
+        groups = [(slice(i, i + per // h), slice(None)) for i in range(0, b, per // h)]
+    else:
+        groups = [(slice(i, i + 1), slice(j, j + per)) for i in range(b) for j in range(0, h, per)]
+    blocks = -(-n // tokens) if per == 1 else 1
+    return groups, -(-n // blocks // c) * c  # blocks of equal size, C-aligned
+
+
+def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc):
+    """q, k (B, H, N, D), v (B, H, N, M) in any layout -> (y (B, H, N, M) in v's dtype, a view of a
+    contiguous (B, N, H, M) tensor; inv (B, H, N, 1) in acc). No graph is recorded."""
+    cpu = q.device.type == "cpu"
+    c = default_chunk_size(q.shape[-1], v.shape[-1], cpu=cpu)
+    y = _heads_last(v.shape, v.dtype, v.device)
+    inv = torch.empty(*v.shape[:-1], 1, dtype=acc, device=v.device)
+
+    def group(rows):
+        idx = (*rows, slice(None))
+        phi_q, phi_k = phi(q, idx, False, False)[0], phi(k, idx, True, False)[0]  # (b, h, N, F)
+        v1 = _with_ones(v[idx], acc)  # (b, h, N, M + 1)
+        if not causal:
+            out = phi_q @ (phi_k.mT @ v1)  # [num | den]: phi(Q) [S | Z]
+        elif cpu:  # the chunked path's pieces directly, with the one-matmul scan (SCAN_CHUNKS)
+            out = _forward(phi_q, phi_k, v1, c, matmul_chunks=SCAN_CHUNKS)[0]
+        else:
+            out = causal_dot_product(phi_q, phi_k, v1)
+        del phi_q, phi_k, v1
+        torch.reciprocal(out[..., -1:].add_(eps), out=inv[idx])
+        torch.mul(out[..., :-1], inv[idx], out=y[idx])  # rounded to v's dtype only here
+
+    _run_groups(group, _plan(q, v, c)[0])
+    return y, inv
+
+
+def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(True, True, True)):
+    """The gradients of normalised_forward's y for the upstream g (B, H, N, M), from its saved y
+    and inv: each in its input's dtype, laid out as the projections' (B, N, H, X) outputs (None
+    where `need` says so)."""
+    c = default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
+    grads = [_heads_last(x.shape, x.dtype, x.device) if r else None for x, r in zip((q, k, v), need)]
+    groups, block = _plan(q, v, c)
+    acc = inv.dtype
+
+    def prep(idx, graph=True):
+        (phi_q, hq), (phi_k, hk) = phi(q, idx, False, graph and need[0]), phi(k, idx, True, graph and need[1])
+        return phi_q, phi_k, _with_ones(v[idx], acc), _g1(g[idx], y[idx], inv[idx]), hq, hk
+
+    def finish(idx, gr, phi_q, phi_k, hq, hk):
+        for dst, gp, p, hd in zip(grads, gr, (phi_q, phi_k, None), (hq, hk, None)):
+            if dst is None:
+                continue
+            if p is None:
+                dst[idx].copy_(gp[..., :-1])  # grad [v | 1] -> grad v
+            else:
+                phi_grad(hd, p, gp, dst[idx])
+
+    def group(rows):
+        if block >= q.shape[-2]:  # the whole rows at once: one pass
+            idx = (*rows, slice(None))
+            phi_q, phi_k, v1, g1, hq, hk = prep(idx)
+            if not causal:
+                gr = _global(phi_q, phi_k, v1, g1, need)
+            elif q.device.type == "cpu":
+                gr = _chunked(phi_q, phi_k, v1, g1, c, need)
+            else:
+                gr = causal_dot_product_backward(phi_q, phi_k, v1, g1, need)
+            del v1, g1
+            finish(idx, gr, phi_q, phi_k, hq, hk)
+        else:
+            _in_blocks(rows, q.shape[-2], block, c, prep, finish, causal, need)
+
+    _run_groups(group, groups)
+    return tuple(grads)
+
+
+def _chunked(phi_q, phi_k, v1, g1, c, need):
+    """The causal product's gradients by the chunked path's pieces, with the one-matmul scans."""
+    nc = -(-phi_q.shape[-2] // c)
+    s = kv_bad = rev = None
+    if need[0]:
+        s, kv_bad = _scan(torch.bmm(_split(phi_k, c).mT, _split(v1, c)), nc, matmul_chunks=SCAN_CHUNKS)
+    if need[1] or need[2]:
+        rev = _scan(torch.bmm(_split(phi_q, c).mT, _split(g1, c)), nc, reverse=True, matmul_chunks=SCAN_CHUNKS)
+    return _backward(phi_q, phi_k, v1, g1, c, need, states=s, kv_bad=bool(kv_bad), rev=rev)
+
+
+def _global(phi_q, phi_k, v1, g1, need, sums=None):
+    """The non-causal gradients (grad phi(Q), grad phi(K), grad [v | 1]; None where `need` says so)
+    from [S | Z] = phi(K)^T [v | 1] and its gradient phi(Q)^T g1 (B, H, F, M + 1): given as sums
+    over a row's blocks, or taken here (each only where a gradient needs it)."""
+    s1, grad_s1 = sums or (phi_k.mT @ v1 if need[0] else None, phi_q.mT @ g1 if need[1] or need[2] else None)
+    return (g1 @ s1.mT if need[0] else None, v1 @ grad_s1.mT if need[1] else None,
+            phi_k @ grad_s1 if need[2] else None)
+
+
+def _in_blocks(rows, n, block, c, prep, finish, causal, need):
+    """One row's gradients in blocks of `block` tokens (a multiple of C): first the chunk products
+    phi(K)^T [v | 1] and phi(Q)^T g1 of every block ((nc, F, M + 1) each, a (D, M)-sized sum per C
+    tokens), scanned into the states before and after each chunk (summed over the row when not
+    causal), then each block's gradients from its own chunks and those states."""
+    spans = [(*rows, slice(t0, min(n, t0 + block))) for t0 in range(0, n, block)]
+    kv = qg = None
+    for i, idx in enumerate(spans):
+        phi_q, phi_k, v1, g1, _, _ = prep(idx, graph=False)  # (1, 1, T, F|M + 1)
+        if causal:
+            if kv is None:
+                kv, qg = (phi_q.new_empty(-(-n // c), phi_q.shape[-1], v1.shape[-1]) for _ in range(2))
+            span = slice(i * block // c, i * block // c + -(-phi_q.shape[-2] // c))
+            torch.bmm(_split(phi_k, c).mT, _split(v1, c), out=kv[span])
+            torch.bmm(_split(phi_q, c).mT, _split(g1, c), out=qg[span])
+        elif kv is None:
+            kv, qg = phi_k[0, 0].mT @ v1[0, 0], phi_q[0, 0].mT @ g1[0, 0]  # (F, M + 1)
+        else:
+            kv.addmm_(phi_k[0, 0].mT, v1[0, 0])
+            qg.addmm_(phi_q[0, 0].mT, g1[0, 0])
+    del phi_q, phi_k, v1, g1
+    if causal:
+        # One row's scan: as one triangular matmul (nc^2 F (M + 1) multiply-adds, 1/C of the
+        # chunk matmuls' work at nc = C) instead of nc small adds.
+        s, kv_bad = _scan(kv, kv.shape[0], matmul_chunks=SCAN_CHUNKS)
+        rev = _scan(qg, qg.shape[0], reverse=True, matmul_chunks=SCAN_CHUNKS)
+        del kv, qg
+    for i, idx in enumerate(spans):
+        phi_q, phi_k, v1, g1, hq, hk = prep(idx)
+        if causal:
+            span = slice(i * block // c, i * block // c + -(-phi_q.shape[-2] // c))
+            gr = _backward(phi_q, phi_k, v1, g1, c, need, states=s[span], kv_bad=kv_bad, rev=(rev[0][span], rev[1]))
+        else:
+            gr = _global(phi_q, phi_k, v1, g1, need, (kv, qg))
+        del v1, g1
+        finish(idx, gr, phi_q, phi_k, hq, hk)
