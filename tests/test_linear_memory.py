@@ -236,9 +236,9 @@ def test_a_non_finite_key_in_blocks_reaches_only_later_gradients(monkeypatch):
 def test_the_layers_peak_memory_is_sdpas_plus_at_most_one_workspace(n, dtype, causal):
     """Forward + backward of one layer as the benchmark runs it (d_model 256, 8 heads, 4,096
     tokens: batch 4096 / N), the peak of bytes held by torch's allocator, exact (profiler), at one
-    thread: linear at most SDPA softmax's plus repro.kernels.blocked.WORKSPACE_BYTES (measured
-    0.3-1.0 MiB above SDPA's 36-37 MiB in fp32; it was 57.5 MiB at N = 4,096, holding full-size
-    phi(Q), phi(K), [v, 1] and their gradients at once)."""
+    thread: linear at most SDPA softmax's plus repro.kernels.blocked.WORKSPACE_BYTES (8 MiB:
+    39.7-41.2 MiB against SDPA's 36.3-37.1 in fp32; it was 56-58 MiB, holding full-size phi(Q),
+    phi(K), [v, 1] and their gradients at once: 20 MiB over SDPA's)."""
     from repro.kernels.blocked import WORKSPACE_BYTES
     from repro.training.memory import peak_allocated_bytes
 

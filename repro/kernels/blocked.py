@@ -24,11 +24,14 @@ from repro.kernels.chunked import _backward, _forward, _may_use_threads, _run_gr
 
 # Workspace of one group or block of the backward, per thread: about 4 F + 4 (M + 1) + 2 C fp32
 # values per (row, token) (phi(Q), phi(K), [v, 1], [g inv | .], their gradients, the chunk states, a
-# (C, C) block per chunk). Smaller is slower: fp32, d_model 256, 8 heads, 4,096 tokens, 1 thread,
-# medians of 3 interleaved rounds (load ~5), the layer's fwd + bwd against the code before it:
-# 2 MiB 0.95-1.16x the time, 1 MiB 1.4-1.8x (a row then takes two passes of small blocks), 8 MiB
-# 0.9-1.03x; peak above SDPA softmax's at N = 4,096 (exact, torch's allocator): +1.9, +1.3, +4 MiB.
-WORKSPACE_BYTES = 2 << 20
+# (C, C) block per chunk). Smaller is slower (more, smaller ops; rows over the budget take two
+# passes). fp32, d_model 256, 8 heads, 4,096 tokens, 1 thread, medians of 3 interleaved rounds
+# (load 3-5), fwd + bwd time against the code before it and exact peak per sample (MiB, N = 256 /
+# 1,024 / 4,096, causal; SDPA softmax 2.28 / 9.34 / 37.38, before 3.60 / 14.38 / 57.53):
+#   2 MiB: 1.08-1.21x the time, 2.34 / 9.35 / 38.16;  4 MiB: 0.91-1.23x, 2.42 / 9.66 / 39.67;
+#   8 MiB: 0.49-1.02x (noisy), 2.57 / 10.30 / 41.19.
+# 8 MiB keeps the speed; 2 MiB is within 1 MiB of SDPA's peak.
+WORKSPACE_BYTES = 8 << 20
 SCAN_CHUNKS = 64
 
 
