@@ -22,7 +22,7 @@ test: setup
 	WANDB_MODE=disabled $(PY) -m pytest -q tests
 
 # Wheels (Python 3.12, manylinux x86_64) + the fast-transformers sdist for an offline GPU machine,
-# in gpu_bundle/ (git-ignored, <= 60 MB); see docs/gpu.md. Needs PyPI.
+# in gpu_bundle/ (git-ignored, <= 40 MB); see docs/gpu.md. Needs PyPI.
 gpu-bundle: setup
 	PY=$(PY) bash scripts/gpu_bundle.sh
 

@@ -25,7 +25,7 @@ rm -rf "$VENV" "$SITE"
 # the one install command of docs/gpu.md (Offline GPU machines)
 "$VENV/bin/python" -m pip install -q --no-index --no-deps --find-links "$BUNDLE" --target "$SITE" -r "$BUNDLE/requirements.txt"
 test -f "$BUNDLE"/pytorch-fast-transformers-0.4.0.tar.gz
-du -sm "$BUNDLE" | awk '$1 > 60 {print "check_gpu_bundle: bundle over 60 MB"; exit 1}'
+du -sm "$BUNDLE" | awk '$1 > 40 {print "check_gpu_bundle: bundle over 40 MB"; exit 1}'
 
 cd "$REPO"
 PYTHONPATH="$SITE" "$VENV/bin/python" - <<'PY'

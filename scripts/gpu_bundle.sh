@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make gpu-bundle: everything a GPU machine without internet needs beyond its own image, in
-# gpu_bundle/ (git-ignored, at most 60 MB): wheels for Python 3.12 / manylinux x86_64 of
+# gpu_bundle/ (git-ignored, at most 40 MB): wheels for Python 3.12 / manylinux x86_64 of
 # scripts/gpu_bundle.txt, antlr4-python3-runtime 4.9.3 (PyPI has only its sdist: built here
 # into a wheel), the pytorch-fast-transformers 0.4.0 sdist (the benchmark builds one file of
 # it), and requirements.txt pinning exactly what is there. Needs PyPI; run with a Python that

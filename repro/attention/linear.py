@@ -64,7 +64,9 @@ class _RecomputedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, key_padding_mask, layer):
         acc = _acc(q.dtype)
-        y, inv = normalised_forward(q, k, v, _feature_fns(layer, key_padding_mask, acc)[0], layer.eps, causal, acc)
+        with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here (sums in acc), not by autocast
+            y, inv = normalised_forward(q, k, v, _feature_fns(layer, key_padding_mask, acc)[0], layer.eps, causal,
+                                        acc)
         ctx.save_for_backward(q, k, v, y, inv)
         # The mask is the caller's and tiny; a feature map's buffers (Performer's W) are module
         # state, not copied: a redraw before this backward is caught by their versions instead.
@@ -88,7 +90,9 @@ class _RecomputedAttention(torch.autograd.Function):
             grads = iter(torch.autograd.grad(out, inputs, g, create_graph=True))
             return (*(next(grads) if r else None for r in need), None, None, None)
         # Each in the projection's (B, N, H, X) layout, which its backward reads without a copy.
-        grads = normalised_backward(q, k, v, y, inv, g, *_feature_fns(layer, ctx.mask, inv.dtype), ctx.causal, need)
+        with torch.autocast(q.device.type, enabled=False):
+            grads = normalised_backward(q, k, v, y, inv, g, *_feature_fns(layer, ctx.mask, inv.dtype), ctx.causal,
+                                        need)
         return (*grads, None, None, None)
 
 

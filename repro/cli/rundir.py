@@ -54,20 +54,30 @@ def _owner(f) -> str:
     return f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
 
 
+def _held_by_another(d: Path, where: Path) -> str | None:
+    """The owner of `where`'s lock when a live process holds it (its .lock is flocked), else None."""
+    if not (where / LOCK).is_file():
+        return None
+    try:
+        with open(where / LOCK) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _owner(f)
+    except OSError:
+        pass  # an unreadable lock file: not ours to judge
+    return None
+
+
 def _inside_held(d: Path):
-    """Refuse `d` when a directory above it is held by a live run (its .lock is flocked)."""
+    """Refuse `d` when it, or a directory above it, is held by a live run."""
+    if who := _held_by_another(d, d):
+        raise ConfigError(f"{d} is in use by another run ({who}): wait for it to end, or choose another "
+                          f"directory (hydra.run.dir, hydra.sweep.dir)")
     for parent in d.parents:
-        if not (parent / LOCK).is_file():
-            continue
-        try:
-            with open(parent / LOCK) as f:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise ConfigError(f"{d} is inside {parent}, which is in use by another run ({_owner(f)}): "
-                                      f"wait for it to end, or choose a directory outside it") from None
-        except OSError:
-            continue  # an unreadable lock file above: not ours to judge
+        if who := _held_by_another(d, parent):
+            raise ConfigError(f"{d} is inside {parent}, which is in use by another run ({who}): "
+                              f"wait for it to end, or choose a directory outside it")
 
 
 def lock(directory, what: str) -> Path:
@@ -102,6 +112,7 @@ def hold(argv: list[str], multirun: bool):
     directory = _resolved(_override(argv, key))
     if directory is None:  # Hydra's default (with ${uid:}) or a ${now:}: a fresh directory
         return None
+    _inside_held(Path(directory).resolve())  # a live owner first: the checks below read what it writes
     if not multirun:
         from repro.training.checkpoint import check_run_dir
 
