@@ -160,3 +160,15 @@ def test_a_finished_run_without_a_checkpoint_is_not_overwritten(tmp_path):
     res = run(f"hydra.run.dir={d}", "trainer.checkpoint=false", "trainer.max_steps=7")
     assert res.returncode == 2 and "already holds a run's results" in one_error_line(res)
     assert tree(d) == before
+
+
+def test_a_measuring_task_resumes_into_its_own_directory(tmp_path):
+    """task=benchmark resumes from its rows when run again with hydra.run.dir=<its directory>
+    (docs/benchmark.md): the refusal of a finished training run without a checkpoint does not
+    touch it."""
+    d = tmp_path / "bench"
+    args = ["experiment=smoke_benchmark", "attention=linear", "task.lengths=[64]", "task.repeats=1",
+            "task.warmup=0", f"hydra.run.dir={d}"]
+    assert run_py(*args).returncode == 0
+    res = run_py(*args)
+    assert res.returncode == 0, res.stderr[-2000:]

@@ -119,13 +119,31 @@ def hold(argv: list[str], multirun: bool):
         resume = _override(argv, "trainer.resume")
         check_run_dir(Path(directory), resume)
         rows = Path(directory) / "results.jsonl"
-        if rows.is_file() and rows.stat().st_size and not (Path(directory) / "checkpoints" / "last.pt").is_file():
-            # a finished (or failed) run that kept no checkpoint: nothing to continue, its rows to lose
+        if _trained(rows) and not (Path(directory) / "checkpoints" / "last.pt").is_file():
+            # a finished (or failed) training run that kept no checkpoint: nothing to continue, its rows to
+            # lose. (The measuring tasks, task=benchmark and the like, resume from their rows: not refused.)
             raise ConfigError(f"{directory} already holds a run's results ({rows}) and no checkpoint to continue "
                               f"it from: train in a new run dir (leave hydra.run.dir unset, or name another)")
         if resume:
             _check_resume(argv, resume)
     return lock(directory, "sweep" if multirun else "run")
+
+
+def _trained(rows: Path) -> bool:
+    """Whether a results.jsonl holds a training loop's rows (kind train, eval or final)."""
+    if not rows.is_file():
+        return False
+    try:
+        lines = rows.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        try:
+            if json.loads(line).get("kind") in ("train", "eval", "final"):
+                return True
+        except (ValueError, AttributeError):
+            continue
+    return False
 
 
 FRESH = ("${now:", "${uid:", "${hydra:")  # interpolations that name a new directory (or only Hydra knows)
