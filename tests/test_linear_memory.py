@@ -5,6 +5,7 @@ need a gradient); second derivatives; a feature map redrawn before the backward.
 import pytest
 import torch
 import torch.nn.functional as F
+from test_attention import explicit_linear
 
 from repro.attention import LinearAttention, SoftmaxAttention
 from repro.attention.feature_maps import ReluFeatureMap
@@ -56,15 +57,20 @@ def _views(b, n, h, d, dtype=torch.float64, gen=None):
     return torch.randn(b, n, h, d, dtype=dtype, generator=gen).transpose(1, 2).requires_grad_()
 
 
-def _formula(phi, q, k, v, causal, pad, eps):
-    """V'_i = sum_j phi(q_i).phi(k_j) v_j / (sum_j phi(q_i).phi(k_j) + eps), (N, N) written out."""
-    sim = phi(q) @ phi(k).mT  # (B, H, N, N)
-    n = q.shape[-2]
-    if causal:
-        sim = sim * torch.ones(n, n, dtype=sim.dtype).tril()
-    if pad is not None:
-        sim = sim.masked_fill(pad[:, None, None, :], 0.0)
-    return (sim @ v) / (sim.sum(-1, keepdim=True) + eps)
+def _against_the_formula(layer, q, k, v, causal, pad, feature_map, gen, grads_in_place=False):
+    """y = layer.attend(...) and the gradients of the inputs that need one, against the float64
+    formula (tests.test_attention.explicit_linear) by autograd; returns y."""
+    y = layer.attend(q, k, v, causal, pad)
+    phi = (lambda x: F.elu(x) + 1) if feature_map == "elu" else layer.feature_map
+    want = explicit_linear(q, k, v, causal, pad, layer.eps, phi)
+    torch.testing.assert_close(y, want, rtol=1e-10, atol=1e-10)
+    g = torch.randn(y.shape, dtype=torch.float64, generator=gen)
+    inputs = [x for x in (q, k, v) if x.requires_grad]
+    for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
+        if grads_in_place:
+            assert got.transpose(1, 2).is_contiguous()  # the projection's layout: its backward copies nothing
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-10)
+    return y
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -81,16 +87,9 @@ def test_recomputed_attention_matches_the_float64_formula(causal, padded, featur
     for x, name in zip((q, k, v), "qkv"):
         x.requires_grad_(name in need)
     pad = torch.arange(70)[None, :] >= torch.tensor([70, 51])[:, None] if padded else None
-    y = layer.attend(q, k, v, causal, pad)
+    y = _against_the_formula(layer, q, k, v, causal, pad, feature_map, gen)
     assert type(y.grad_fn).__name__ == "_RecomputedAttentionBackward"
     assert y.transpose(1, 2).is_contiguous()  # the output projection reads it without a copy
-    phi = (lambda x: F.elu(x) + 1) if feature_map == "elu" else layer.feature_map
-    want = _formula(phi, q, k, v, causal, pad, layer.eps)
-    torch.testing.assert_close(y, want, rtol=1e-10, atol=1e-10)
-    g = torch.randn(y.shape, dtype=torch.float64, generator=gen)
-    inputs = [x for x in (q, k, v) if x.requires_grad]
-    for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
-        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -200,15 +199,7 @@ def test_blocked_backward_matches_the_float64_formula(monkeypatch, workspace, ca
     for x, name in zip((q, k, v), "qkv"):
         x.requires_grad_(name in need)
     pad = torch.arange(150)[None, :] >= torch.tensor([150, 97])[:, None] if padded else None
-    y = layer.attend(q, k, v, causal, pad)
-    phi = (lambda x: F.elu(x) + 1) if feature_map == "elu" else layer.feature_map
-    want = _formula(phi, q, k, v, causal, pad, layer.eps)
-    torch.testing.assert_close(y, want, rtol=1e-10, atol=1e-10)
-    g = torch.randn(y.shape, dtype=torch.float64, generator=gen)
-    inputs = [x for x in (q, k, v) if x.requires_grad]
-    for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
-        assert got.transpose(1, 2).is_contiguous()  # the projection's layout: its backward copies nothing
-        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-10)
+    _against_the_formula(layer, q, k, v, causal, pad, feature_map, gen, grads_in_place=True)
 
 
 def test_a_non_finite_key_in_blocks_reaches_only_later_gradients(monkeypatch):
