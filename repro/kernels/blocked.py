@@ -59,6 +59,13 @@ def _g1(g, y, inv):
     return g1
 
 
+def _chunk(q, v):
+    """The chunk size: the measured one, or N rounded up to 8 when that is smaller (a sequence
+    shorter than a chunk would otherwise be zero-padded to it, and its (C, C) blocks grow with C)."""
+    n = q.shape[-2]
+    return min(default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu"), -(-n // 8) * 8)
+
+
 def _plan(q, v, c):
     """(groups of rows [(batch slice, head slice)], the backward's block of tokens)."""
     b, h, n, f = q.shape
@@ -82,7 +89,7 @@ def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc):
     """q, k (B, H, N, D), v (B, H, N, M) in any layout -> (y (B, H, N, M) in v's dtype, a view of a
     contiguous (B, N, H, M) tensor; inv (B, H, N, 1) in acc). No graph is recorded."""
     cpu = q.device.type == "cpu"
-    c = default_chunk_size(q.shape[-1], v.shape[-1], cpu=cpu)
+    c = _chunk(q, v)
     y = _heads_last(v.shape, v.dtype, v.device)
     inv = torch.empty(*v.shape[:-1], 1, dtype=acc, device=v.device)
 
@@ -108,7 +115,7 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
     """The gradients of normalised_forward's y for the upstream g (B, H, N, M), from its saved y
     and inv: each in its input's dtype, laid out as the projections' (B, N, H, X) outputs (None
     where `need` says so)."""
-    c = default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
+    c = _chunk(q, v)
     grads = [_heads_last(x.shape, x.dtype, x.device) if r else None for x, r in zip((q, k, v), need)]
     groups, block = _plan(q, v, c)
     acc = inv.dtype
