@@ -205,6 +205,23 @@ def test_throughput_compile_settings_fail_in_one_line(compose_cfg, tmp_path):
         throughput.run(compose_cfg(*base, "task.methods.linear.mode=nope"))
 
 
+def test_throughput_runs_only_the_methods_a_preset_names(compose_cfg, tmp_path):
+    """experiment=throughput_successors_cpu adds the successors' recurrent twins and runs only the
+    methods it names (task.run_methods), not every default one; a label that is not a method is one line."""
+    from repro.cli.config import ConfigError
+    from repro.common.results import read_jsonl
+    from repro.tasks import throughput
+    base = ("experiment=throughput_successors_cpu", "model=tiny", "task.batches=[1]", "task.time_budget_s=0.2",
+            "task.probes=2", "task.publish=null", f"+run_dir={tmp_path}")
+    throughput.run(compose_cfg(*base))
+    rows = {r["method"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
+    assert list(rows) == ["linear", "stateful-softmax", "retention", "gla", "delta"]
+    assert all(r["status"] == "ok" and r["mode"] == "recurrent" and r["attention"] == m
+               or m == "stateful-softmax" for m, r in rows.items())
+    with pytest.raises(ConfigError, match=r"task.run_methods: unknown \['gated'\]; valid: linear, .*delta"):
+        throughput.run(compose_cfg(*base, "task.run_methods=[linear,gated]"))
+
+
 def test_throughput_failed_compile_is_an_error_row(compose_cfg, tmp_path):
     """A backend that cannot compile (inductor without a C++ compiler, say) leaves that row an
     error with its reason, and the other rows are still measured and tabled."""

@@ -157,8 +157,13 @@ def run(cfg) -> float:
     unknown = [s for s in t.sizes if s not in LAYERS]
     if unknown:
         raise ConfigError(f"task.sizes: unknown {unknown}; valid: {', '.join(LAYERS)}")
+    chosen_labels = t.get("run_methods")  # a preset names a subset: it cannot delete keys of task.methods
+    if chosen_labels is not None and (bad := [x for x in chosen_labels if x not in t.methods]):
+        raise ConfigError(f"task.run_methods: unknown {bad}; valid: {', '.join(t.methods)}")
     methods = {}
     for label, m in t.methods.items():
+        if chosen_labels is not None and label not in chosen_labels:
+            continue
         if m.mode not in TASK_MODES:
             raise ConfigError(f"task.methods.{label}.mode={m.mode!r}; valid: {', '.join(TASK_MODES)}")
         backend = m.get("compile")
