@@ -14,6 +14,7 @@ import conformance_attentions as toy
 import pandas as pd
 import pytest
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from run_cli import ENV, run_py
 
 from repro.attention.conformance import PROPERTIES, check, first_failure
@@ -49,6 +50,18 @@ def test_every_attention_config_conforms(name):
     assert (results["causality"] == "skip") == isinstance(layer, NonCausalAttention) or name == "rfa"
     assert results["recurrent == parallel"] == ("pass" if layer.recurrent else "skip")
     assert results["gradients"] == "pass" and results["float32 == float64"] == "pass"
+
+
+@pytest.mark.parametrize("name", ["gla", "delta"])
+def test_the_causal_only_ones_run_both_directions_conform(name):
+    """attention.bidirectional=true (the speech task's gla and delta): the non-causal form that
+    it adds is checked too, padding invariance included."""
+    cfg = OmegaConf.merge(compose_group("attention", name), {"bidirectional": True})
+    table = table_of(instantiate(cfg))
+    assert first_failure(table) is None, table
+    results = {row["property"]: row for row in table}
+    # padding invariance is skipped for a layer that refuses causal=False: here it ran
+    assert results["padding invariance"]["result"] == results["causality"]["result"] == "pass"
 
 
 # each broken attention: the property it breaks (named first), and any other it breaks with it

@@ -10,8 +10,9 @@ keys and beta in (0, 1) each step I - beta k k^T is a contraction, so the state 
 The output is y = (RMSNorm(o) [* swish(x W_g)]) W_O, the norm per head (DeltaNet's; the gate off by
 default). The parallel form is the chunked WY / UT-transform algorithm
 (repro.kernels.delta_rule_dot_product); the recurrent twin carries S (B, H, D, M). Causal only:
-each write depends on the state left by every earlier one (causal=False is refused). Padding:
-padded keys write nothing (beta = 0 there).
+each write depends on the state left by every earlier one (causal=False is refused), unless
+bidirectional=True: then causal=False is the sum of a left-to-right and a right-to-left pass
+(repro.attention.successors). Padding: padded keys write nothing (beta = 0 there).
 """
 import torch
 import torch.nn.functional as F
@@ -28,8 +29,10 @@ class DeltaRuleAttention(SuccessorAttention):
     config_name = "delta"
 
     def __init__(self, d_model, n_heads, d_keys=None, d_values=None, feature_map: str = "silu",
-                 norm: str = "rms", output_gate: bool = False, chunk_size: int | None = None):
-        super().__init__(d_model, n_heads, d_keys, d_values, norm=norm, output_gate=output_gate, chunk_size=chunk_size)
+                 norm: str = "rms", output_gate: bool = False, chunk_size: int | None = None,
+                 bidirectional: bool = False):
+        super().__init__(d_model, n_heads, d_keys, d_values, norm=norm, output_gate=output_gate, chunk_size=chunk_size,
+                         bidirectional=bidirectional)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"delta: feature_map must be one of {', '.join(FEATURE_MAPS)}; got {feature_map!r}")
         self.feature_map = feature_map

@@ -7,8 +7,9 @@ so log alpha_t = log sigmoid(.) / tau, near 1 (slow forgetting) at initialisatio
 scaled by D^-1/2; the output is GLA's y = (swish(x W_r) * LayerNorm(o)) W_O, the norm per head.
 The parallel form is the chunked decayed product (repro.kernels.gated_causal_dot_product, a decay
 per key dimension); the recurrent twin carries S (B, H, D, M). Causal only: the decay runs along
-the sequence (causal=False is refused). Padding: padded keys write nothing, padded positions
-decay nothing.
+the sequence (causal=False is refused), unless bidirectional=True: then causal=False is the sum of
+a left-to-right and a right-to-left pass (repro.attention.successors). Padding: padded keys write
+nothing, padded positions decay nothing.
 """
 import torch
 import torch.nn.functional as F
@@ -24,8 +25,9 @@ class GatedLinearAttention(SuccessorAttention):
 
     def __init__(self, d_model, n_heads, d_keys=None, d_values=None, gate_rank: int = 16,
                  gate_temperature: float = 16.0, norm: str = "layer", output_gate: bool = True,
-                 chunk_size: int | None = None):
-        super().__init__(d_model, n_heads, d_keys, d_values, norm=norm, output_gate=output_gate, chunk_size=chunk_size)
+                 chunk_size: int | None = None, bidirectional: bool = False):
+        super().__init__(d_model, n_heads, d_keys, d_values, norm=norm, output_gate=output_gate, chunk_size=chunk_size,
+                         bidirectional=bidirectional)
         if gate_rank < 1 or not gate_temperature > 0:
             raise ValueError(f"gla: gate_rank must be >= 1 and gate_temperature > 0; "
                              f"got gate_rank={gate_rank}, gate_temperature={gate_temperature}")

@@ -2,7 +2,19 @@
 unnormalised fast-weight memory S read by q (no phi(q)^T Z normaliser: a per-head norm of the
 output keeps its scale instead), an optional swish output gate, per-token inputs computed from x
 (a decay, a write strength) beside q, k and v, and, for the two whose update runs along the
-sequence only, the refusal of causal=False."""
+sequence only (gla, delta), the refusal of causal=False unless `bidirectional` is set.
+
+bidirectional=True (for a non-causal encoder, as bidirectional RNNs and state-space encoders do):
+causal=False runs the causal memory over each sequence and over the same sequence reversed within
+its own valid length, with the same weights, and sums the two readouts before the norm and gate:
+
+    o_t = S_t^T q_t + R_t^T q_t,   S_t from tokens 1..t (left to right),
+                                   R_t from tokens L..t (right to left; L = the valid length),
+
+so the current token is seen by both passes (counted twice, as in a bidirectional RNN's two
+directions; retention's own non-causal form subtracts it instead). Reversal is by index per
+sequence, so padding stays at the end in both passes and a padded batch equals its sequences
+alone. The recurrent twin (step) stays the causal one: the right-to-left pass needs the future."""
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +26,7 @@ from repro.common.errors import ConfigError
 
 NORMS = ("layer", "rms", "none")
 BIDIRECTIONAL_CONFIGS = "softmax, linear, retention"
+ENABLE_BIDIRECTIONAL = "attention.bidirectional=true (runs it in both directions, summed)"
 
 
 def accumulation_dtype(dtype):
@@ -54,18 +67,50 @@ class HeadNorm(nn.Module):
         return y.to(dtype)
 
 
+def reversal_index(keep, n, device):
+    """(B, N) indices that reverse each sequence's valid positions among themselves and leave
+    padded ones in place (an involution); None without a mask (a plain flip). keep: (B, 1, N)."""
+    if keep is None:
+        return None
+    keep = keep[:, 0]  # (B, N)
+    pos = torch.arange(n, device=device).expand_as(keep)
+    rank = keep.cumsum(-1) - 1  # (B, N): a valid position's rank among the valid ones
+    length = keep.sum(-1, keepdim=True)  # (B, 1)
+    # the valid positions in order, then the padded ones: valid rank r sits at by_rank[:, r]
+    by_rank = torch.sort(torch.where(keep, pos, pos + n), dim=-1, stable=True).indices
+    mirror = by_rank.gather(-1, (length - 1 - rank).clamp(min=0))
+    return torch.where(keep, mirror, pos)
+
+
+def reverse(t, index, dim):
+    """t reversed along dim (the sequence's) by reversal_index's index, or flipped where it is None."""
+    if index is None:
+        return t.flip(dim)
+    shape = [1] * t.dim()
+    shape[0], shape[dim] = index.shape
+    return t.gather(dim, index.view(shape).expand_as(t))
+
+
 class SuccessorAttention(AttentionLayer):
     """Subclasses implement token_inputs(x) (what they compute from x beside q, k, v: a dict of
     (B, [N,] ...) tensors), memory(q, k, v, extra, causal, keep) for the parallel form and
     memory_step(q, k, v, extra, state) for the recurrent one; this class adds the norm and the
-    gate, and hands the per-token inputs of the current call to attend / attend_step."""
+    gate, and hands the per-token inputs of the current call to attend / attend_step; for the
+    causal-only ones with bidirectional=True, the two-pass non-causal form (the module's doc)."""
 
     recurrent = True
     config_name = "successor"
 
     def __init__(self, d_model, n_heads, d_keys=None, d_values=None, norm: str = "layer",
-                 output_gate: bool = True, chunk_size: int | None = None):
+                 output_gate: bool = True, chunk_size: int | None = None, bidirectional: bool = False):
         super().__init__(d_model, n_heads, d_keys, d_values)
+        if bidirectional and not type(self).causal_only:
+            raise ValueError(f"{self.config_name}: bidirectional=true is for the causal-only attentions (gla, "
+                             f"delta); {self.config_name} has its own non-causal form")
+        self.bidirectional = bool(bidirectional)
+        # a bidirectional layer takes causal=False, so it is no longer causal only (what the
+        # config check and the tests read)
+        self.causal_only = type(self).causal_only and not self.bidirectional
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"{self.config_name}: chunk_size must be >= 1 or null (the kernel's default); "
                              f"got {chunk_size}")
@@ -95,7 +140,7 @@ class SuccessorAttention(AttentionLayer):
         if not causal and self.causal_only:
             raise ConfigError(f"attention {self.config_name} ({type(self).__name__}) is causal only: its update "
                               f"runs along the sequence and has no non-causal form; for causal=False use "
-                              f"{BIDIRECTIONAL_CONFIGS}")
+                              f"{BIDIRECTIONAL_CONFIGS}, or {ENABLE_BIDIRECTIONAL}")
         self._extra = self._inputs(x) if x.dim() == 3 and x.shape[-1] == self.d_model else None  # else the base's error
         try:
             return super().forward(x, causal=causal, key_padding_mask=key_padding_mask)
@@ -126,8 +171,21 @@ class SuccessorAttention(AttentionLayer):
     def attend(self, q, k, v, causal, key_padding_mask):
         extra = self._extra_or_fail()
         keep = None if key_padding_mask is None else ~key_padding_mask[:, None, :]  # (B, 1, N)
-        y = self.memory(q, k, v, extra, causal, keep)
+        if causal or not self.bidirectional:
+            y = self.memory(q, k, v, extra, causal, keep)
+        else:
+            y = self._both_ways(q, k, v, extra, keep)
         return self._finish(y, extra.get("gate"))
+
+    def _both_ways(self, q, k, v, extra, keep):
+        """The causal memory left to right plus the same right to left, both in causal form on
+        the same per-token inputs (the gate is applied after the sum, so it is not reversed)."""
+        index = reversal_index(keep, q.shape[2], q.device)  # (B, N) or None
+        back = {name: reverse(t, index, 1) for name, t in extra.items() if name != "gate"}  # (B, N, H, ...)
+        q_r, k_r, v_r = (reverse(t, index, 2) for t in (q, k, v))  # (B, H, N, .)
+        # a reversal keeps padding where it was, so the mask is that of the left-to-right pass
+        y_back = self.memory(q_r, k_r, v_r, back, True, keep)
+        return self.memory(q, k, v, extra, True, keep) + reverse(y_back, index, 2)
 
     def attend_step(self, q, k, v, state):
         extra = self._extra_or_fail()

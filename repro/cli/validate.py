@@ -112,8 +112,11 @@ def validate(cfg):
                           f"{CAUSAL_CONFIGS}" + (" (or task.causal=false)" if "causal" in cfg.task else ""))
     # only where the task runs the non-causal form (task=conformance checks whichever forms exist)
     if layer.causal_only and (task in NON_CAUSAL_TASKS or cfg.task.get("causal", True) is False):
-        from repro.attention.successors import BIDIRECTIONAL_CONFIGS
+        from repro.attention.successors import BIDIRECTIONAL_CONFIGS, ENABLE_BIDIRECTIONAL
 
         why = "task.causal=false" if "causal" in cfg.task else f"task={task} is non-causal"
+        # gla and delta: run both directions (a layer attribute, so a user's class may offer it too)
+        both = f", or {ENABLE_BIDIRECTIONAL}" if hasattr(layer, "bidirectional") else ""
+        also = " (or task.causal=true)" if "causal" in cfg.task else ""
         raise ConfigError(f"attention {name} is causal only and {why}; use an attention with a non-causal form "
-                          f"such as {BIDIRECTIONAL_CONFIGS}" + (" (or task.causal=true)" * ("causal" in cfg.task)))
+                          f"such as {BIDIRECTIONAL_CONFIGS}{both}{also}")
