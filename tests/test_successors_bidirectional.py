@@ -3,7 +3,7 @@ the non-causal layer against a float64 reference written here from the equations
 to right over each sequence's valid frames plus a loop over them reversed, summed, then the
 norm, gate and output projection), with a key-padding mask of different lengths, odd lengths and
 chunks, forward and backward; padded frames change nothing; the reversal index; the refusal
-without the option."""
+without the option, in the layer and in the speech task's config check."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -138,3 +138,20 @@ def test_without_the_option_causal_false_is_refused_saying_how_to_enable_it(name
 def test_the_option_is_refused_where_there_is_a_non_causal_form():
     with pytest.raises(ValueError, match="successor: bidirectional=true is for the causal-only attentions"):
         SuccessorAttention(16, 2, bidirectional=True)
+
+
+@pytest.mark.parametrize("encoder", ["softmax", "linear", "retention", "gla", "delta"])
+def test_the_speech_task_accepts_every_successor_encoder(compose_cfg, encoder):
+    from repro.cli.validate import validate
+
+    validate(compose_cfg("experiment=asr_successors_cpu", f"encoder={encoder}"))
+
+
+@pytest.mark.parametrize("name", ["gla", "delta"])
+def test_the_speech_task_refuses_a_causal_only_attention_without_the_option(compose_cfg, name):
+    from repro.cli.validate import validate
+
+    with pytest.raises(ConfigError, match=f"attention {name} is causal only and task=asr is non-causal; .*"
+                                          r"retention, or attention.bidirectional=true") as err:
+        validate(compose_cfg("experiment=asr_successors_cpu", f"encoder={name}", "attention.bidirectional=false"))
+    assert "\n" not in str(err.value)
