@@ -10,7 +10,7 @@ from pathlib import Path
 
 from repro.common.results import REPO, atomic_write
 from repro.reproduction import report as package
-from repro.reproduction.report import images
+from repro.reproduction.report import images, successors
 from repro.reproduction.report.format import code, command, hw_class
 from repro.reproduction.report.schema import SchemaError, current_files, read_checked
 
@@ -18,11 +18,14 @@ from repro.reproduction.report.schema import SchemaError, current_files, read_ch
 @dataclass
 class Context:
     """What every section gets: the results folder, links relative to the report being written,
-    every CSV under results/ (read once, checked), what sections computed for others (memo), and
-    the folders the sections showed (the rest is listed under "Other results")."""
+    every CSV under results/ (read once, checked) outside the "Beyond the paper" section's folders
+    (csvs: what the paper's sections read) and inside them (beyond: that section's own), what
+    sections computed for others (memo), and the folders the sections showed (the rest is listed
+    under "Other results")."""
     root: Path
     rel: object  # path -> link text relative to the report
     csvs: list
+    beyond: list = field(default_factory=list)
     memo: dict = field(default_factory=dict)
     used: set = field(default_factory=set)
 
@@ -70,11 +73,15 @@ def sections(results: Path, out: Path) -> dict[str, str]:
         return Path(os.path.relpath(Path(path).resolve(), out.parent)).as_posix()
 
     modules = section_modules()
-    # every CSV read once, for every section, each checked against what the sections declare they read
-    ctx = Context(results, rel, read_checked(results, [t for m in modules for t in getattr(m, "TABLES", [])]))
+    # every CSV read once, for every section, each checked against what the sections declare they read;
+    # the successors' folders go to their own section alone (in one place: no paper section can pick them up)
+    every = read_checked(results, [t for m in modules for t in getattr(m, "TABLES", [])])
+    ctx = Context(results, rel, [(p, df) for p, df in every if not successors.owned(p, results)],
+                  [(p, df) for p, df in every if successors.owned(p, results)])
+    ctx.used |= {results / f for f in successors.FOLDERS if (results / f).is_dir()}
     parts = sorted([entry for m in modules for entry in m.SECTIONS] + [(5, "claims", claims)], key=lambda e: e[0])
     rendered = {name: render(ctx) for _, name, render in parts}
-    gpu = {hw_class(str(v)) for _, df in ctx.csvs if "device" in df for v in df.device.dropna()}
+    gpu = {hw_class(str(v)) for _, df in ctx.csvs + ctx.beyond if "device" in df for v in df.device.dropna()}
     gpu = sorted((gpu | {cls for (_, _, cls) in images.chosen_bpd(ctx)}) - {"CPU"})
     shown = results.relative_to(REPO) if REPO in results.parents else results
     title = "\n\n".join([

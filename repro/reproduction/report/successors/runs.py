@@ -1,0 +1,70 @@
+"""What the "Beyond the paper" tables share: the folders the section owns (build.py keeps them
+from the paper's sections, which would otherwise show a successors run as one more run of theirs),
+the command that makes each, and the marks of a run's rows."""
+import re
+from pathlib import Path
+
+from repro.common.results import REPO
+from repro.reproduction.report.format import code, command
+from repro.reproduction.report.images import _loaded
+from repro.reproduction.report.schema import failed
+
+# the folder each preset of conf/experiment publishes -> the command that makes it
+RUNS = {
+    "copy/successors_n128_cpu": "OMP_NUM_THREADS=1 python run.py -m experiment=copy_successors_cpu "
+                                "hydra/launcher=joblib_cpu hydra.launcher.n_jobs=2",
+    "copy/lengths_successors_cpu": "OMP_NUM_THREADS=1 python run.py -m experiment=copy_lengths_successors_cpu "
+                                   "hydra/launcher=joblib_cpu hydra.launcher.n_jobs=2",
+    "images/successors_cpu": "OMP_NUM_THREADS=1 python run.py -m experiment=mnist_successors_cpu",
+    "throughput/successors_cpu": "OMP_NUM_THREADS=1 python run.py experiment=throughput_successors_cpu",
+    "asr/successors_cpu": "python run.py -m experiment=asr_successors_cpu",
+}
+FOLDERS = tuple(RUNS)
+
+
+def owned(path: Path, root: Path) -> bool:
+    """Whether a results file lies in one of the section's folders (at any depth)."""
+    return any(Path(root) / f in Path(path).parents for f in FOLDERS)
+
+
+def not_yet_run(folder: str) -> str:
+    """The line a table shows for a folder not made yet: its command, once its preset exists (a
+    command naming a preset that is not there would not run)."""
+    preset = re.search(r"experiment=(\S+)", RUNS[folder])[1]
+    if (REPO / "conf" / "experiment" / f"{preset}.yaml").is_file():
+        return f"`{folder}`: not yet run: {code(RUNS[folder])}"
+    return f"`{folder}`: not yet run (its preset, experiment={preset}, is not in conf/experiment yet)"
+
+
+def source(folder: Path, root: Path) -> str:
+    return f"`{folder.relative_to(root).as_posix()}`: {code(command(folder, root))}"
+
+
+def checked(ctx, folder: str, name: str, table):
+    """The CSV `name` of one of the section's folders (read once with every other CSV), checked
+    against what this table of the section needs; None when the folder does not hold it."""
+    path = ctx.root / folder / name
+    found = [df for p, df in ctx.beyond if p == path]
+    if not found:
+        return None
+    table.check(path, found[0], ctx.root)
+    return found[0]
+
+
+def loaded_by(rows, key: str) -> dict:
+    """{name: True where any of its final run rows ran with more runnable processes than cores}
+    (its wall-clock values are inflated) from a folder's run rows."""
+    out = {}
+    for r in rows:
+        if r.get("kind") == "final" and r.get(key) is not None:
+            out[str(r[key])] = out.get(str(r[key]), False) or _loaded(r)
+    return out
+
+
+def with_mark(text: str, loaded: bool) -> str:
+    return f"{text} (loaded)" if loaded else text
+
+
+def status_of(status) -> str | None:
+    """'failed (<status>)' for a failed run (its numbers are no result), else None."""
+    return f"failed ({status})" if failed(status) else None
