@@ -30,9 +30,13 @@ or in the nearest parent's README.md under results/ one on a line naming the fol
 with no result of ours says "not yet run". A damaged file or a missing declared column stops it with
 one line naming the file; a failed run (schema.failed) is shown as failed, never as a result.
 
+The "Beyond the paper" section (successors/: linear attention's successors on the paper's tasks)
+owns copy/successors_n128_cpu, copy/lengths_successors_cpu, images/successors_cpu,
+throughput/successors_cpu and asr/successors_cpu: the paper's sections never read them.
+
 One module per part of REPORT.md (figure1, figure2, fidelity, images, speech, kernels, cpu_speed,
-gpu_runs), each declaring the tables it reads (its TABLES, checked on load by schema.py);
-format.py holds what they share and build.py puts them together.
+gpu_runs, memory, successors), each declaring the tables it reads (its TABLES, checked on load by
+schema.py); format.py holds what they share and build.py puts them together.
 """
 from repro.reproduction.report.build import DOC_BLOCK, build, doc_pages, main, render_blocks, sections
 from repro.reproduction.report.schema import SchemaError, Table
