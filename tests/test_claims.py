@@ -293,3 +293,14 @@ def test_a_failed_run_is_never_judged(tmp_path):
     pd.read_csv(asr).assign(status=["ok", "ok", "error: non-finite loss"]).to_csv(asr, index=False)
     verdict = claims.asr_claim(tmp_path).verdict
     assert verdict == f"{NOT_TESTABLE}: a run failed (linear failed (error: non-finite loss))", verdict
+
+
+def test_copy_rows_without_eval_rows_are_judged_from_the_final_rows(tmp_path):
+    """A copy run that never evaluated mid-way (trainer.eval_every=0) has final rows only: the
+    claims judge them and say there is no curve (it was a KeyError 'loss')."""
+    _write(tmp_path)
+    path, rows = _copy_rows(tmp_path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["kind"] != "eval"))
+    _, copy_linear, copy_lsh, *_ = claims.claims(tmp_path)
+    assert "no held-out curve (no eval rows)" in copy_linear.here
+    assert not copy_linear.verdict.startswith(NOT_TESTABLE) and not copy_lsh.verdict.startswith(NOT_TESTABLE)

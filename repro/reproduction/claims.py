@@ -127,6 +127,8 @@ def _seeds(final: pd.DataFrame, column: str) -> dict[str, Seeds]:
 
 def _seed_curves(evals: pd.DataFrame, column: str) -> pd.DataFrame:
     """Held-out curves averaged over seeds: step x attention -> mean of `column`."""
+    if evals.empty or column not in evals:  # a run that never evaluated mid-way: no curve (not a KeyError)
+        return pd.DataFrame(dtype=float)
     return evals.pivot_table(index="step", columns="attention", values=column, aggfunc="mean").sort_index()
 
 
@@ -164,17 +166,19 @@ def copy_claims(results: Path) -> list[Claim]:
                 _missing(c2, "curves only", folder)]
     # still falling: over the last quarter of the run, linear's seed-mean loss fell by more than
     # the spread of its seeds
-    lin = curves["linear"].dropna()
+    lin = curves["linear"].dropna() if "linear" in curves else pd.Series(dtype=float)
     quarter = lin[lin.index <= 0.75 * lin.index.max()]
     drop = float(quarter.iloc[-1] - lin.iloc[-1]) if len(quarter) else 0.0
     verdict, why = reaches(final["linear"], final["softmax"], COPY_LOSS_TOL, still_falling=drop > final["linear"].sd)
+    fell = f"linear fell {drop:.2g} over the last quarter" if len(quarter) else "no held-out curve (no eval rows)"
     here = (f"held-out loss (nats/symbol) after training, {setup}: {fmt('softmax')}; {fmt('linear')} "
-            f"(linear fell {drop:.2g} over the last quarter) (`{folder}`)")
+            f"({fell}) (`{folder}`)")
     out = [Claim(c1, p1, here, f"{verdict}: {why}")]
     if "lsh-4" in final:
         worse = max(("softmax", "linear"), key=lambda a: final[a].mean)
         # how fast lsh-4's excess over the worse of the two grows per step at the end
-        verdict, why = below(final[worse], final["lsh-4"], rate=_slope(curves["lsh-4"]) - _slope(curves[worse]))
+        curve = lambda a: curves[a] if a in curves else pd.Series(dtype=float)  # noqa: E731
+        verdict, why = below(final[worse], final["lsh-4"], rate=_slope(curve("lsh-4")) - _slope(curve(worse)))
         out.append(Claim(c2, "curves only", f"{fmt('lsh-4')}, against {worse}, the higher of the two (`{folder}`)",
                          f"{verdict}: {why}"))
     else:
