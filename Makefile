@@ -19,7 +19,7 @@ run: setup
 # ruff first (pyproject.toml: line length, import order, pyflakes, bugbear), then the tests
 test: setup
 	$(PY) -m ruff check .
-	WANDB_MODE=disabled $(PY) -m pytest -q tests
+	WANDB_MODE=disabled $(PY) -m pytest -q -n auto --maxprocesses 4 --durations 15 tests
 
 # Wheels (Python 3.12, manylinux x86_64) + the fast-transformers sdist for an offline GPU machine,
 # in gpu_bundle/ (git-ignored, <= 40 MB); see docs/gpu.md. Needs PyPI.
