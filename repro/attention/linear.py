@@ -16,7 +16,7 @@ import torch
 from repro.attention.base import AttentionLayer
 from repro.attention.feature_maps import EluFeatureMap
 from repro.kernels import cupy_for
-from repro.kernels.blocked import normalised_backward, normalised_forward
+from repro.kernels.blocked import WORKSPACE_BYTES, normalised_backward, normalised_forward
 from repro.kernels.normalised import accumulation_dtype as _acc
 from repro.kernels.normalised import causal_linear_attention
 from repro.kernels.recurrent import LinearState, linear_attention_step, new_state
@@ -66,7 +66,7 @@ class _RecomputedAttention(torch.autograd.Function):
         acc = _acc(q.dtype)
         with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here (sums in acc), not by autocast
             y, inv = normalised_forward(q, k, v, _feature_fns(layer, key_padding_mask, acc)[0], layer.eps, causal,
-                                        acc)
+                                        acc, layer.workspace)
         ctx.save_for_backward(q, k, v, y, inv)
         # The mask is the caller's and tiny; a feature map's buffers (Performer's W) are module
         # state, not copied: a redraw before this backward is caught by their versions instead.
@@ -92,17 +92,24 @@ class _RecomputedAttention(torch.autograd.Function):
         # Each in the projection's (B, N, H, X) layout, which its backward reads without a copy.
         with torch.autocast(q.device.type, enabled=False):
             grads = normalised_backward(q, k, v, y, inv, g, *_feature_fns(layer, ctx.mask, inv.dtype), ctx.causal,
-                                        need)
+                                        need, layer.workspace)
         return (*grads, None, None, None)
 
 
 class LinearAttention(AttentionLayer):
     recurrent = True
 
-    def __init__(self, d_model, n_heads, d_keys=None, d_values=None, feature_map=None, eps: float = 1e-6):
+    def __init__(self, d_model, n_heads, d_keys=None, d_values=None, feature_map=None, eps: float = 1e-6,
+                 workspace_mb: float | None = None):
         super().__init__(d_model, n_heads, d_keys, d_values)
+        if workspace_mb is not None and not 0 < workspace_mb < float("inf"):
+            raise ValueError(f"{type(self).__name__}: workspace_mb must be finite and > 0, or null (the default, "
+                             f"{WORKSPACE_BYTES / 2**20:g} MiB); got {workspace_mb}")
         self.feature_map = (feature_map or EluFeatureMap)(self.d_keys)
         self.eps = eps
+        # MiB per thread for the CPU passes' intermediates (repro.kernels.blocked): smaller lowers
+        # the peak toward SDPA softmax's and costs speed (more, smaller groups; docs/attention.md)
+        self.workspace = None if workspace_mb is None else int(workspace_mb * 2**20)
 
     def _phi(self, q, k, key_padding_mask):
         """phi(Q), phi(K) (B, H, N, F), padded keys zeroed."""

@@ -73,10 +73,11 @@ class PerformerAttention(LinearAttention):
     """LinearAttention with FavorFeatureMap and a redraw schedule (null: fixed features)."""
 
     def __init__(self, d_model, n_heads, d_keys=None, d_values=None, n_features: int = 128,
-                 orthogonal: bool = True, redraw_every: int | None = 1000, eps: float = 1e-6):
+                 orthogonal: bool = True, redraw_every: int | None = 1000, eps: float = 1e-6,
+                 workspace_mb: float | None = None):
         if redraw_every is not None and redraw_every < 1:
             raise ValueError(f"performer: redraw_every must be null or >= 1; got {redraw_every}")
-        super().__init__(d_model, n_heads, d_keys, d_values, eps=eps,
+        super().__init__(d_model, n_heads, d_keys, d_values, eps=eps, workspace_mb=workspace_mb,
                          feature_map=partial(FavorFeatureMap, n_features=n_features, orthogonal=orthogonal))
         self.redraw_every = redraw_every
         self.register_buffer("training_passes", torch.zeros((), dtype=torch.long))

@@ -30,7 +30,10 @@ from repro.kernels.chunked import _backward, _forward, _may_use_threads, _run_gr
 # 1,024 / 4,096, causal; SDPA softmax 2.28 / 9.34 / 37.38, before 3.60 / 14.38 / 57.53):
 #   2 MiB: 1.08-1.21x the time, 2.34 / 9.35 / 38.16;  4 MiB: 0.91-1.23x, 2.42 / 9.66 / 39.67;
 #   8 MiB: 0.49-1.02x (noisy), 2.57 / 10.30 / 41.19.
-# 8 MiB keeps the speed; 2 MiB is within 1 MiB of SDPA's peak.
+# 8 MiB keeps the speed; 2 MiB is within 1 MiB of SDPA's peak. A layer can set its own
+# (LinearAttention's workspace_mb): whole CPU-sized copy model at N = 128 (2 layers, d_model 64,
+# batch 32), one training step, 1 thread, medians of 5 interleaved rounds (load 3-4): 8 MiB 62.6 ms
+# and 26.7 MB allocated at the peak, 2 MiB 71.6 ms and 24.3 MB (softmax's peak: 24.3 MB, 66.8 ms).
 WORKSPACE_BYTES = 8 << 20
 SCAN_CHUNKS = 64
 
@@ -66,13 +69,14 @@ def _chunk(q, v):
     return min(default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu"), -(-n // 8) * 8)
 
 
-def _plan(q, v, c):
-    """(groups of rows [(batch slice, head slice)], the backward's block of tokens)."""
+def _plan(q, v, c, workspace=None):
+    """(groups of rows [(batch slice, head slice)], the backward's block of tokens) for a workspace
+    of `workspace` bytes per thread (None: WORKSPACE_BYTES)."""
     b, h, n, f = q.shape
     if q.device.type != "cpu":
         return [(slice(None), slice(None))], n
     per_token = 4 * (4 * f + 4 * (v.shape[-1] + 1) + 2 * c)  # bytes of workspace per (row, token)
-    tokens = max(c, WORKSPACE_BYTES // per_token // c * c)
+    tokens = max(c, (workspace or WORKSPACE_BYTES) // per_token // c * c)
     threads = torch.get_num_threads() if _may_use_threads() else 1
     per = max(1, min(tokens // n, -(-b * h // threads)))  # rows per group
     while per < h and h % per:
@@ -85,7 +89,7 @@ def _plan(q, v, c):
     return groups, -(-n // blocks // c) * c  # blocks of equal size, C-aligned
 
 
-def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc):
+def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc, workspace=None):
     """q, k (B, H, N, D), v (B, H, N, M) in any layout -> (y (B, H, N, M) in v's dtype, a view of a
     contiguous (B, N, H, M) tensor; inv (B, H, N, 1) in acc). No graph is recorded."""
     cpu = q.device.type == "cpu"
@@ -107,17 +111,17 @@ def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc):
         torch.reciprocal(out[..., -1:].add_(eps), out=inv[idx])
         torch.mul(out[..., :-1], inv[idx], out=y[idx])  # rounded to v's dtype only here
 
-    _run_groups(group, _plan(q, v, c)[0])
+    _run_groups(group, _plan(q, v, c, workspace)[0])
     return y, inv
 
 
-def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(True, True, True)):
+def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(True, True, True), workspace=None):
     """The gradients of normalised_forward's y for the upstream g (B, H, N, M), from its saved y
     and inv: each in its input's dtype, laid out as the projections' (B, N, H, X) outputs (None
     where `need` says so)."""
     c = _chunk(q, v)
     grads = [_heads_last(x.shape, x.dtype, x.device) if r else None for x, r in zip((q, k, v), need)]
-    groups, block = _plan(q, v, c)
+    groups, block = _plan(q, v, c, workspace)
     acc = inv.dtype
 
     def prep(idx, graph=True):
