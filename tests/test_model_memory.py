@@ -42,16 +42,21 @@ def test_one_step_per_point_interleaved_and_kept_bytes_exact(tmp_path):
 
 def test_the_section_sets_linear_against_softmax(tmp_path):
     (tmp_path / "mm").mkdir()
-    rows = [{"preset": p, "attention": a, "n": 24, "batch": 8, "kept_mb": k, "peak_mb": m, "peak_min_mb": m - 1,
-             "peak_max_mb": m + 1, "device": "AMD EPYC (2 cores, 1 threads)"}
-            for p, a, k, m in (("a", "softmax", 4.0, 10.0), ("a", "linear", 3.0, 10.5),
-                               ("b", "softmax", 4.0, 10.0), ("b", "linear", 5.0, 20.0))]
+    rows = [{"preset": p, "attention": a, "n": 24, "batch": 8, "kept_mb": k, "peak_alloc_mb": x, "peak_mb": m,
+             "peak_min_mb": m - 1, "peak_max_mb": m + 1, "device": "AMD EPYC (2 cores, 1 threads)"}
+            for p, a, k, x, m in (("a", "softmax", 4.0, 5.0, 10.0), ("a", "linear", 3.0, 5.5, 10.5),
+                                  ("b", "softmax", 4.0, 5.0, 10.0), ("b", "linear", 5.0, 10.0, 20.0))]
     pd.DataFrame(rows).to_csv(tmp_path / "mm" / "model_memory.csv", index=False)
     (tmp_path / "mm" / "command.txt").write_text("python -m repro.reproduction.model_memory\n")
     md = build(tmp_path, tmp_path / "R.md")
     section = md.split("## Memory of whole models in training", 1)[1]
-    assert "| a | 24 | 8 | linear / softmax | 0.75x | within the spread |" in section
-    assert "| b | 24 | 8 | linear / softmax | 1.25x | above by 10 MB (beyond the spread) |" in section
+    assert "| a | 24 | 8 | linear | 3 | 5.5 | 10.5 (9.5-11.5) |" in section
+    assert "| a | 24 | 8 | linear / softmax | 0.75x | 1.1x | within the spread |" in section
+    assert "| b | 24 | 8 | linear / softmax | 1.25x | 2x | above by 10 MB (beyond the spread) |" in section
+    # a table from before the exact peak was recorded: that cell is empty, the rest as before
+    pd.DataFrame(rows).drop(columns="peak_alloc_mb").to_csv(tmp_path / "mm" / "model_memory.csv", index=False)
+    section = build(tmp_path, tmp_path / "R.md").split("## Memory of whole models in training", 1)[1]
+    assert "| b | 24 | 8 | linear / softmax | 1.25x | — | above by 10 MB (beyond the spread) |" in section
     lin = pd.Series({"peak_mb": 5.0, "peak_min_mb": 4.0, "peak_max_mb": 6.0})
     soft = pd.Series({"peak_mb": 8.0, "peak_min_mb": 7.0, "peak_max_mb": 9.0})
     assert against(lin, soft) == "below"

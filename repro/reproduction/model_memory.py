@@ -7,9 +7,11 @@ again), so the machine's drift falls on all of them alike.
     python -m repro.reproduction.model_memory --presets smoke_copy --attentions softmax,linear --rounds 3
 
 Per (preset, attention): what the step keeps for backward (exact: saved tensors' storages,
-repro.training.memory) and its peak resident memory above what was live before it (median, min
-and max over the rounds; glibc's mmap threshold lowered and VmHWM reset, as the benchmark does),
-written as rows to model_memory.csv under --out, atomically, with the command in command.txt."""
+repro.training.memory), the peak of bytes torch's allocator held during the step above what it
+held before (exact, one thread: the profiler's record of every allocation) and its peak resident
+memory above what was live before it (median, min and max over the rounds; glibc's mmap threshold
+lowered and VmHWM reset, as the benchmark does), written as rows to model_memory.csv under --out,
+atomically, with the command in command.txt."""
 import argparse
 import json
 import os
@@ -55,7 +57,7 @@ def measure(preset: str, attention: str) -> dict:
 
     from repro.cli.config import CONF_DIR
     from repro.tasks.benchmark_point import _prepare_rss_measure, _proc_status_kb
-    from repro.training.memory import saved_bytes
+    from repro.training.memory import peak_allocated_bytes, saved_bytes
     from repro.training.optim import build_optimizer
 
     torch.manual_seed(0)
@@ -79,10 +81,11 @@ def measure(preset: str, attention: str) -> dict:
     base = _proc_status_kb("VmRSS") * 1024
     step()
     peak = _proc_status_kb("VmHWM") * 1024 - base
+    alloc, _ = peak_allocated_bytes(step)  # exact: the allocator's record (the C library's slack aside)
     return {"preset": preset, "task": cfg.task.name, "attention": attention, "n": n,
             "batch": int(batch["tokens"].shape[0] if isinstance(batch, dict) else batch.shape[0]),
             "n_params": sum(p.numel() for p in model.parameters()), "kept_mb": kept / 2**20,
-            "peak_mb": peak / 2**20, "mem_method": method}
+            "peak_alloc_mb": alloc / 2**20, "peak_mb": peak / 2**20, "mem_method": method}
 
 
 def run(presets, attentions, rounds: int, out: Path, threads: int):
