@@ -108,8 +108,9 @@ class LinearAttention(AttentionLayer):
         self.feature_map = (feature_map or EluFeatureMap)(self.d_keys)
         self.eps = eps
         # MiB per thread for the CPU passes' intermediates (repro.kernels.blocked): smaller lowers
-        # the peak toward SDPA softmax's and costs speed (more, smaller groups; docs/attention.md)
-        self.workspace = None if workspace_mb is None else int(workspace_mb * 2**20)
+        # the peak toward SDPA softmax's and costs speed (more, smaller groups; docs/attention.md).
+        # In bytes, at least 1 (0 would read as the default).
+        self.workspace = None if workspace_mb is None else max(1, int(workspace_mb * 2**20))
 
     def _phi(self, q, k, key_padding_mask):
         """phi(Q), phi(K) (B, H, N, F), padded keys zeroed."""
