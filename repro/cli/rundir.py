@@ -54,7 +54,7 @@ def _owner(f) -> str:
     return f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
 
 
-def _held_by_another(d: Path, where: Path) -> str | None:
+def _held_by_another(where: Path) -> str | None:
     """The owner of `where`'s lock when a live process holds it (its .lock is flocked), else None."""
     if not (where / LOCK).is_file():
         return None
@@ -71,11 +71,11 @@ def _held_by_another(d: Path, where: Path) -> str | None:
 
 def _inside_held(d: Path):
     """Refuse `d` when it, or a directory above it, is held by a live run."""
-    if who := _held_by_another(d, d):
+    if who := _held_by_another(d):
         raise ConfigError(f"{d} is in use by another run ({who}): wait for it to end, or choose another "
                           f"directory (hydra.run.dir, hydra.sweep.dir)")
     for parent in d.parents:
-        if who := _held_by_another(d, parent):
+        if who := _held_by_another(parent):
             raise ConfigError(f"{d} is inside {parent}, which is in use by another run ({who}): "
                               f"wait for it to end, or choose a directory outside it")
 

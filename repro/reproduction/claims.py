@@ -166,7 +166,8 @@ def copy_claims(results: Path) -> list[Claim]:
                 _missing(c2, "curves only", folder)]
     # still falling: over the last quarter of the run, linear's seed-mean loss fell by more than
     # the spread of its seeds
-    lin = curves["linear"].dropna() if "linear" in curves else pd.Series(dtype=float)
+    none = pd.Series(dtype=float)  # an attention without a curve (no eval rows)
+    lin = curves.get("linear", none).dropna()
     quarter = lin[lin.index <= 0.75 * lin.index.max()]
     drop = float(quarter.iloc[-1] - lin.iloc[-1]) if len(quarter) else 0.0
     verdict, why = reaches(final["linear"], final["softmax"], COPY_LOSS_TOL, still_falling=drop > final["linear"].sd)
@@ -177,8 +178,8 @@ def copy_claims(results: Path) -> list[Claim]:
     if "lsh-4" in final:
         worse = max(("softmax", "linear"), key=lambda a: final[a].mean)
         # how fast lsh-4's excess over the worse of the two grows per step at the end
-        curve = lambda a: curves[a] if a in curves else pd.Series(dtype=float)  # noqa: E731
-        verdict, why = below(final[worse], final["lsh-4"], rate=_slope(curve("lsh-4")) - _slope(curve(worse)))
+        rate = _slope(curves.get("lsh-4", none)) - _slope(curves.get(worse, none))
+        verdict, why = below(final[worse], final["lsh-4"], rate=rate)
         out.append(Claim(c2, "curves only", f"{fmt('lsh-4')}, against {worse}, the higher of the two (`{folder}`)",
                          f"{verdict}: {why}"))
     else:
