@@ -7,6 +7,7 @@ from repro.kernels import (
     causal_dot_product_chunked,
     causal_dot_product_loop,
     causal_dot_product_naive,
+    cpu_native,
     default_chunk_size,
     select_backend,
 )
@@ -109,20 +110,25 @@ def test_dispatcher_on_cpu(monkeypatch):
     q = torch.randn(1, 1, 4, 2)
     monkeypatch.delenv("REPRO_KERNEL", raising=False)
     backend, why = select_backend(q, q, q)
+    if cpu_native.unavailable():
+        assert backend == "torch" and "fused CPU kernel is unavailable" in why
+    else:
+        assert backend == "cpu" and "fused CPU kernel" in why
+    backend, why = select_backend(*(x.double() for x in (q, q, q)))
     assert backend == "torch" and "CUDA" in why
     monkeypatch.setenv("REPRO_KERNEL", "cupy")
     with pytest.raises(RuntimeError, match="REPRO_KERNEL=cupy"):
         causal_dot_product(q, q, q)
     monkeypatch.setenv("REPRO_KERNEL", "triton")
-    with pytest.raises(ValueError, match="valid: cupy, torch"):
+    with pytest.raises(ValueError, match="valid: cupy, cpu, torch"):
         causal_dot_product(q, q, q)
     monkeypatch.setenv("REPRO_KERNEL", "torch")
     assert select_backend(q, q, q)[0] == "torch"
 
 
 def test_kernels_task_names_the_backend_the_dispatcher_took(compose_cfg, tmp_path):
-    """task=kernels times the chunked path itself and, apart, the dispatcher (on this CPU it
-    takes the torch path; on a GPU the CuPy kernels once verified): each row says which."""
+    """task=kernels times the chunked path itself and, apart, the dispatcher (on a CPU it takes the
+    fused CPU kernel where it builds; on a GPU the CuPy kernels once verified): each row says which."""
     from repro.common.results import read_jsonl
     from repro.tasks.kernels import run
     cfg = compose_cfg("task=kernels", "task.implementations=[chunked,dispatcher,naive]", "task.lengths=[20]",
@@ -130,7 +136,8 @@ def test_kernels_task_names_the_backend_the_dispatcher_took(compose_cfg, tmp_pat
                       f"+run_dir={tmp_path}")
     run(cfg)
     rows = {r["implementation"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
-    assert rows["dispatcher"]["backend"] == "torch" and rows["chunked"]["backend"] == "chunked"
+    assert rows["dispatcher"]["backend"] == ("torch" if cpu_native.unavailable() else "cpu")
+    assert rows["chunked"]["backend"] == "chunked"
     assert all(r["status"] == "ok" and r["forward_backward_ms"] > 0 for r in rows.values())
 
 

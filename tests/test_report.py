@@ -384,16 +384,25 @@ def test_a_kernel_target_without_its_peer_is_not_measured(tmp_path):
     assert cells(md, "bf16 | fwd | 8 x 8 x 64 | 16384", "### kernels/h100")["fast_transformers"] == "—"  # no row
 
 
-def _cpu_speed_csv(path, threads, layer_256, peer=True, sha="abc123"):
-    base = {"device": "Intel Xeon (2 cores)", "dtype": "float32", "threads": threads, "git_sha": sha,
+def _cpu_speed_csv(path, threads, layer_256, peer=True, sha="abc123", device="Intel Xeon (2 cores)", fused=False):
+    """fused: a run since the fused CPU kernel (its backend named, the PyTorch pieces beside it, the
+    forward's rate on the needed work)."""
+    base = {"device": device, "dtype": "float32", "threads": threads, "git_sha": sha,
             "load_avg_1_5_15": "[0.5, 0.7, 0.9]", "status": "ok"}
     rows = [{**base, "measure": "kernel_vs_peer", "method": "ours", "n": 1024, "ms": 12.0, "speedup_vs_peer": 3.5,
-             "met": True}]
+             "met": True, **({"backend": "cpu"} if fused else {})}]
     rows.append({**base, "measure": "kernel_vs_peer", "method": "fast_transformers", "n": 1024, "ms": 42.0} if peer else
                 {**base, "measure": "kernel_vs_peer", "method": "fast_transformers", "n": 1024,
                  "status": "missing: fast_transformers not importable"})
-    rows += [{**base, "measure": "forward", "method": "ours", "n": 4096, "ms": 15.0, "matmul_gflops": 70.0,
-              "gemm_gflops": 150.0},
+    if fused:
+        rows += [{**base, "measure": "kernel_vs_peer", "method": "ours_torch", "n": 1024, "ms": 30.0,
+                  "speedup_vs_peer": 1.4, "backend": "torch"},
+                 {**base, "measure": "forward", "method": "ours", "n": 4096, "ms": 12.0, "needed_gflops": 45.0,
+                  "pct_of_gemm_needed": 55.6, "gemm_gflops": 81.0, "met": True}]
+    else:
+        rows.append({**base, "measure": "forward", "method": "ours", "n": 4096, "ms": 15.0, "matmul_gflops": 70.0,
+                     "gemm_gflops": 150.0})
+    rows += [
              {**base, "measure": "backward_dense", "method": "ours", "n": 4096, "ms": 33.0, "x_forward": 2.2,
               "met": True},
              {**base, "measure": "backward_sum", "method": "ours", "n": 4096, "ms": 34.0, "x_dense": 1.03, "met": True},
@@ -417,9 +426,16 @@ def test_the_cpu_speed_section_shows_the_newest_run_per_thread_count(tmp_path):
     _cpu_speed_csv(speed / "cpu_speed_1t_20261123T100000.csv", 1, 0.9, sha="old1")
     _cpu_speed_csv(speed / "cpu_speed_1t_20261123T120000.csv", 1, 1.05, sha="new1")
     _cpu_speed_csv(speed / "cpu_speed_2t_20261123T110000.csv", 2, 0.95, peer=False, sha="two2")
+    _cpu_speed_csv(speed / "cpu_speed_1t_20261127T090000.csv", 1, 1.2, sha="amd1", device="AMD EPYC (2 cores)",
+                   fused=True)
     md = build(tmp_path, tmp_path / "REPORT.md")
     section = md.split("## CPU speed of the core", 1)[1].split("\n## ", 1)[0]
-    one, two = section.split("**2 threads**")
+    amd, intel = section.split("**1 thread**")[1:]  # one table per CPU and thread count, the CPUs by name
+    assert "AMD EPYC" in amd and "amd1" in amd and "new1" in intel  # the newer AMD run replaces no Intel run
+    assert "| 12.0 ms | fast-transformers 42.0 ms | 3.50× faster | ≥ 2× | yes |" in amd
+    assert "(cpu backend)" in amd and "chunked PyTorch pieces (`REPRO_KERNEL=torch`), N = 1,024 | 30.0 ms" in amd
+    assert "| 45 GFLOP/s of needed work (56 % of GEMM) | ≥ 50 % of GEMM | yes |" in amd
+    one, two = intel.split("**2 threads**")
     assert "new1" in one and "old1" not in section and "two2" in two
     assert "cpu_speed_1t_20261123T120000.csv" in one and "--threads 1" in one and "load 0.5–0.5" in one
     row_of = lambda part, first: next(ln for ln in part.splitlines() if ln.startswith(f"| {first}"))

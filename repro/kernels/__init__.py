@@ -7,8 +7,11 @@
 
 Backends, in order of preference:
   cupy   raw CUDA kernels (CUDA tensors; module repro.kernels.cupy_backend, when built)
+  cpu    the fused C kernel (CPU tensors but fp64, sums in fp32; repro.kernels.cpu_native builds it
+         on first use with the C compiler): the chunked path's own CPU backend, inside its autograd
+         Function, which falls back to the PyTorch pieces for non-finite inputs
   torch  the chunked PyTorch path (any device, any dtype)
-The environment variable REPRO_KERNEL=torch|cupy forces one (read in repro.kernels.backend
+The environment variable REPRO_KERNEL=torch|cupy|cpu forces one (read in repro.kernels.backend
 alone). The naive references in repro.kernels.reference are for tests only. Beside it,
 repro.kernels.normalised.causal_linear_attention: the normalised causal attention on feature maps
 (the fused CUDA kernel, or the normaliser folded into this product).
@@ -19,8 +22,15 @@ Its successors, with the same conventions (chunked PyTorch paths, any device; do
     delta_rule_dot_product(q, k, v, beta)      S_t = S_{t-1} + k_t beta_t (v_t - S_{t-1}^T k_t)^T, out_t = S_t^T q_t
         beta (B, H, N)
 """
+import torch
+
+from repro.kernels import cpu_native
 from repro.kernels.backend import BACKENDS, forced_backend
-from repro.kernels.chunked import causal_dot_product_chunked, causal_dot_product_chunked_backward, default_chunk_size
+from repro.kernels.chunked import (
+    causal_dot_product_chunked,
+    causal_dot_product_chunked_backward,
+    default_chunk_size,
+)
 from repro.kernels.delta import delta_rule_dot_product_chunked
 from repro.kernels.gated import gated_causal_dot_product_chunked
 from repro.kernels.reference import (
@@ -29,6 +39,7 @@ from repro.kernels.reference import (
     delta_rule_loop,
     gated_causal_dot_product_loop,
 )
+from repro.kernels.threads import _may_use_threads
 
 __all__ = ["BACKENDS", "causal_dot_product", "causal_dot_product_backward", "select_backend",
            "causal_dot_product_chunked", "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size",
@@ -97,6 +108,12 @@ def select_backend(q, k, v):
     forced = forced_backend()
     if forced == "torch":
         return "torch", "forced by REPRO_KERNEL=torch"
+    if forced == "cpu":
+        if q.device.type != "cpu":
+            raise RuntimeError(f"REPRO_KERNEL=cpu, but the inputs are on {q.device}; the fused CPU kernel takes CPU "
+                               f"tensors (unset REPRO_KERNEL, or set it to cupy or torch)")
+        cpu_native.wanted()  # raises, naming why, when it cannot be built
+        return "cpu", "forced by REPRO_KERNEL=cpu"
     reason = _cupy_unavailable("unsupported_reason", q, k, v)
     if forced == "cupy":
         if reason:
@@ -104,6 +121,11 @@ def select_backend(q, k, v):
         return "cupy", "forced by REPRO_KERNEL=cupy"
     if reason is None:
         return "cupy", "CUDA tensors and the CuPy kernels can take them"
+    if q.device.type == "cpu" and q.dtype != torch.float64 and _may_use_threads():  # not while tracing
+        if cpu_native.native(q.device, torch.float32):
+            return "cpu", "CPU tensors: the fused CPU kernel (sums in fp32)"
+        if cpu_native.unavailable():
+            return "torch", f"the fused CPU kernel is unavailable: {cpu_native.unavailable()}"
     return "torch", reason
 
 
@@ -111,7 +133,7 @@ def cupy_for(reason, *tensors):
     """The CuPy backend module when its op takes these tensors (`reason`: the name of the
     backend's `..._unsupported_reason` check for that op: the fused attention, the recurrent
     step), else None: the attention layers ask here, as causal_dot_product does."""
-    if forced_backend() == "torch" or _cupy_unavailable(reason, *tensors) is not None:
+    if forced_backend() in ("torch", "cpu") or _cupy_unavailable(reason, *tensors) is not None:
         return None
     from repro.kernels import cupy_backend
     return cupy_backend

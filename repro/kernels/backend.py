@@ -1,9 +1,11 @@
-"""The one place the kernel backend choice is read: REPRO_KERNEL=torch|cupy forces one for every
-path (the causal product, the fused attention and the recurrent step); unset, the dispatcher
-(repro.kernels) picks per input."""
+"""The one place the kernel backend choice is read: REPRO_KERNEL=torch|cupy|cpu forces one for
+every path (the causal product, the fused attention and the recurrent step); unset, the dispatcher
+(repro.kernels) picks per input. torch: plain PyTorch everywhere (the fused CPU kernel off too);
+cpu: the fused CPU kernel must build (CPU inputs; GPU inputs take the torch path)."""
 import os
+from contextlib import contextmanager
 
-BACKENDS = ("cupy", "torch")
+BACKENDS = ("cupy", "cpu", "torch")
 
 
 def forced_backend() -> str | None:
@@ -12,3 +14,20 @@ def forced_backend() -> str | None:
     if forced and forced not in BACKENDS:
         raise ValueError(f"REPRO_KERNEL={forced!r} is not a backend; valid: {', '.join(BACKENDS)}")
     return forced or None
+
+
+@contextmanager
+def forcing(backend: str):
+    """REPRO_KERNEL=backend inside the block (for timing one backend against another in one
+    process), restored after."""
+    if backend not in BACKENDS:
+        raise ValueError(f"forcing({backend!r}): not a backend; valid: {', '.join(BACKENDS)}")
+    old = os.environ.get("REPRO_KERNEL")
+    os.environ["REPRO_KERNEL"] = backend
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("REPRO_KERNEL", None)
+        else:
+            os.environ["REPRO_KERNEL"] = old

@@ -19,8 +19,15 @@ the gradient of x[index] into out: the layer's feature map, index = (batch, head
 """
 import torch
 
-from repro.kernels import causal_dot_product, causal_dot_product_backward
-from repro.kernels.chunked import _backward, _forward, _may_use_threads, _run_groups, _scan, _split, default_chunk_size
+from repro.kernels import causal_dot_product, causal_dot_product_backward, cpu_native
+from repro.kernels.chunked import (
+    _backward,
+    _forward,
+    _scan,
+    _split,
+    default_chunk_size,
+)
+from repro.kernels.threads import _may_use_threads, _run_groups
 
 # Workspace of one group or block of the backward, per thread: about 4 F + 4 (M + 1) + 2 C fp32
 # values per (row, token) (phi(Q), phi(K), [v, 1], [g inv | .], their gradients, the chunk states, a
@@ -93,7 +100,7 @@ def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc, workspace=No
     """q, k (B, H, N, D), v (B, H, N, M) in any layout -> (y (B, H, N, M) in v's dtype, a view of a
     contiguous (B, N, H, M) tensor; inv (B, H, N, 1) in acc). No graph is recorded."""
     cpu = q.device.type == "cpu"
-    c = _chunk(q, v)
+    c, native = _chunk(q, v), causal and cpu_native.native(q.device, acc)
     y = _heads_last(v.shape, v.dtype, v.device)
     inv = torch.empty(*v.shape[:-1], 1, dtype=acc, device=v.device)
 
@@ -103,8 +110,10 @@ def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc, workspace=No
         v1 = _with_ones(v[idx], acc)  # (b, h, N, M + 1)
         if not causal:
             out = phi_q @ (phi_k.mT @ v1)  # [num | den]: phi(Q) [S | Z]
-        elif cpu:  # the chunked path's pieces directly, with the one-matmul scan (SCAN_CHUNKS)
-            out = _forward(phi_q, phi_k, v1, c, matmul_chunks=SCAN_CHUNKS)[0]
+        elif cpu:  # the fused kernel, else the chunked path's pieces with the one-matmul scan (SCAN_CHUNKS)
+            out = _fused_forward(phi_q, phi_k, v1) if native else None
+            if out is None:
+                out = _forward(phi_q, phi_k, v1, c, matmul_chunks=SCAN_CHUNKS)[0]
         else:
             out = causal_dot_product(phi_q, phi_k, v1)
         del phi_q, phi_k, v1
@@ -123,6 +132,7 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
     grads = [_heads_last(x.shape, x.dtype, x.device) if r else None for x, r in zip((q, k, v), need)]
     groups, block = _plan(q, v, c, workspace)
     acc = inv.dtype
+    native = causal and cpu_native.native(q.device, acc)
 
     def prep(idx, graph=True):
         (phi_q, hq), (phi_k, hk) = phi(q, idx, False, graph and need[0]), phi(k, idx, True, graph and need[1])
@@ -144,16 +154,64 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
             if not causal:
                 gr = _global(phi_q, phi_k, v1, g1, need)
             elif q.device.type == "cpu":
-                gr = _chunked(phi_q, phi_k, v1, g1, c, need)
+                gr = (_fused_backward(phi_q, phi_k, v1, g1, need) if native else None) or _chunked(
+                    phi_q, phi_k, v1, g1, c, need)
             else:
                 gr = causal_dot_product_backward(phi_q, phi_k, v1, g1, need)
             del v1, g1
             finish(idx, gr, phi_q, phi_k, hq, hk)
         else:
-            _in_blocks(rows, q.shape[-2], block, c, prep, finish, causal, need)
+            if not (native and _fused_in_blocks(rows, q.shape[-2], block, prep, finish, need)):
+                _in_blocks(rows, q.shape[-2], block, c, prep, finish, causal, need)
 
     _run_groups(group, groups)
     return tuple(grads)
+
+
+def _fused_forward(phi_q, phi_k, v1):
+    """[num | den] by the fused CPU kernel on one group's (b, h, N, F|M + 1) tensors, or None when
+    phi(K) or [v, 1] holds an inf or NaN (the chunked pieces' exact path then)."""
+    rows = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731  # views: phi and _with_ones write contiguous
+    out = v1.new_empty(v1.shape)
+    return out if cpu_native.forward(rows(phi_q), rows(phi_k), rows(v1), rows(out)) else None
+
+
+def _fused_backward(phi_q, phi_k, v1, g1, need, s0=None, r0=None):
+    """grad phi(Q), grad phi(K), grad [v, 1] by the fused CPU kernel (None where `need` says so),
+    from the states before (s0) and after (r0) these tokens; None when a sum is not finite."""
+    rows = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
+    grads = [x.new_empty(x.shape) if r else None for x, r in zip((phi_q, phi_k, v1), need)]
+    ok = cpu_native.backward(rows(phi_q), rows(phi_k), rows(v1), rows(g1.contiguous()),
+                             [None if x is None else rows(x) for x in grads], s0=s0, r0=r0)
+    return grads if ok else None
+
+
+def _fused_in_blocks(rows, n, block, prep, finish, need):
+    """_in_blocks for the causal case by the fused kernel: first each block's sums phi(K)^T [v, 1]
+    and phi(Q)^T g1 ((F, M + 1) each), whose prefix and suffix sums are the states before and after
+    each block, then each block's gradients from those two states alone. False when a sum is not
+    finite: the chunked pieces' exact path then (it writes every block again)."""
+    spans = [(*rows, slice(t0, min(n, t0 + block))) for t0 in range(0, n, block)]
+    kv, qg = [], []
+    for idx in spans:
+        phi_q, phi_k, v1, g1, _, _ = prep(idx, graph=False)  # (1, 1, T, F|M + 1)
+        kv.append(phi_k[0, 0].mT @ v1[0, 0])
+        qg.append(phi_q[0, 0].mT @ g1[0, 0])
+    del phi_q, phi_k, v1, g1
+    kv, qg = torch.stack(kv), torch.stack(qg)  # (blocks, F, M + 1)
+    if not bool(torch.isfinite(kv.sum() + qg.sum())):
+        return False
+    zero = kv.new_zeros(1, *kv.shape[1:])
+    before = torch.cat([zero, kv[:-1].cumsum(0)])  # S before each block
+    after = torch.cat([qg[1:].flip(0).cumsum(0).flip(0), zero])  # R after each block
+    for i, idx in enumerate(spans):
+        phi_q, phi_k, v1, g1, hq, hk = prep(idx)
+        gr = _fused_backward(phi_q, phi_k, v1, g1, need, before[i:i + 1], after[i:i + 1])
+        if gr is None:  # an inf or NaN inside a block whose sums cancelled to finite values: rare, and exact below
+            return False
+        del v1, g1
+        finish(idx, gr, phi_q, phi_k, hq, hk)
+    return True
 
 
 def _chunked(phi_q, phi_k, v1, g1, c, need):

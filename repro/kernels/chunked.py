@@ -24,15 +24,17 @@ state scans' totals say so, _scan), those products and the scans take an exact p
 a non-finite value to the rows causality lets it reach (_masked_bmm).
 
 On CPU the sequences are taken in groups of ~GROUP_CHUNKS chunks (cache-sized), and with T > 1
-threads the groups run on T Python threads with torch single-threaded (_run_groups says why).
+threads the groups run on T Python threads with torch single-threaded (repro.kernels.threads says
+why). On a CPU in fp32 the fused C kernel (repro.kernels.cpu_native) runs the same algorithm first.
 Speed is measured by `python -m repro.reproduction.cpu_speed` (README: "CPU speed of the core").
 """
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
+
+from repro.kernels import cpu_native
+from repro.kernels.threads import _may_use_threads, _run_groups
 
 # On CPU the chunk size comes from measurement (fp32, B = 1, H = 8, N = 4096, 1 thread, fwd + bwd,
 # medians of 15 interleaved rounds; `python -m repro.reproduction.cpu_speed --chunk-sweep --threads 1
@@ -221,14 +223,6 @@ def _row_groups(n_rows, n, c, device):
     return [slice(i, i + per) for i in range(0, n_rows, per)]
 
 
-def _may_use_threads() -> bool:
-    """Host threads only in plain eager mode: torch.compile's tracing, dispatch and function
-    modes (FakeTensorMode, FlopCounterMode, make_fx) are per thread, so work done on other
-    threads would escape them (wrong traces, uncounted FLOPs)."""
-    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
-                or torch._C._len_torch_function_stack())
-
-
 def _any_non_finite(x) -> bool:
     """Whether x holds an inf or NaN, by one sum (a finite sum that overflows only costs the
     exact path). Eager CPU tensors only: the answer is data, which tracing cannot branch on
@@ -239,43 +233,13 @@ def _any_non_finite(x) -> bool:
     return not bool(torch.isfinite(x.sum()))
 
 
-_POOLS = {}  # (pid, threads) -> executor; keyed by pid so a forked child never waits on its parent's threads
-
-
-def _run_groups(work, groups):
-    """work(rows) for every group. With T > 1 threads the groups go to T Python threads that run
-    torch single-threaded, instead of every op of every group forking T OpenMP threads: one
-    forward + backward is ~25 ops, each a parallel region whose barrier waits for any thread the
-    scheduler has parked, and on this shared 2-core machine that made 2 threads several times
-    slower than 1. Measured at 2 threads (fwd + bwd, 9 interleaved rounds, load 3.3-3.5):
-    1.56-2.05x (B 1, H 8, N 1024, D = M = 64), 1.33-1.73x (N 4096), 2.21-2.35x (B 64, N 256, D 32,
-    M 33) faster. torch's thread count is process state: it reads 1 while the groups run and is
-    restored after (grad mode is per thread, so the workers disable it themselves)."""
-    if len(groups) == 1 or not _may_use_threads() or (threads := torch.get_num_threads()) == 1:
-        for rows in groups:
-            work(rows)
-        return
-    key = (os.getpid(), threads)
-    pool = _POOLS.get(key) or _POOLS.setdefault(key, ThreadPoolExecutor(threads, thread_name_prefix="causal_dot"))
-
-    inference = torch.is_inference_mode_enabled()  # per thread too: the outputs may be inference tensors
-
-    def run(rows):
-        torch.set_num_threads(1)
-        with torch.inference_mode(inference), torch.no_grad():  # this order: inference_mode(False) enables grad
-            work(rows)
-
-    torch.set_num_threads(1)
-    try:
-        list(pool.map(run, groups))
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _grouped_forward(q, k, v, c, keep_states=False):
+def _grouped_forward(q, k, v, c, keep_states=False, native_c=None):
     """(output, the chunk states (rows, nc, D, M) when keep_states, else None, whether k or v
-    holds an inf or NaN)."""
+    holds an inf or NaN). native_c: the fused kernel's chunk, when it is to be tried first (it
+    keeps no states: its backward recomputes them)."""
     q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))  # (rows, N, D|M)
+    if native_c and (out := cpu_native.run_forward(q3, k3, v3, native_c)) is not None:
+        return out.view(v.shape), False, None
     nc = -(-q.shape[-2] // c)
     states = q3.new_empty(q3.shape[0], nc, q.shape[-1], v.shape[-1]) if keep_states else None
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
@@ -287,8 +251,10 @@ def _grouped_forward(q, k, v, c, keep_states=False):
     return out.view(v.shape), any(bad), states
 
 
-def _grouped_backward(q, k, v, g, c, need, states=None, kv_bad=False):
+def _grouped_backward(q, k, v, g, c, need, states=None, kv_bad=False, native_c=None):
     q3, k3, v3, g3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, g))  # (rows, N, D|M)
+    if native_c and not kv_bad and (grads := cpu_native.run_backward(q3, k3, v3, g3, native_c, need)) is not None:
+        return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
     if len(groups) == 1:
         return _backward(q, k, v, g, c, need, states=None if states is None else states.flatten(0, 1), kv_bad=kv_bad)
@@ -315,17 +281,28 @@ def causal_product_grads(product, q, k, v, g, need=(True, True, True)):
             flip(product(flip(k), qf, gf)) if need[2] else None)
 
 
+def _chunks(q, v, chunk_size):
+    """(the chunked path's C, the fused CPU kernel's C or None when it does not take these inputs):
+    chunk_size when given, else each path's measured one."""
+    cd = _compute_dtype(q.dtype)
+    native = chunk_size or cpu_native.CHUNK if cpu_native.native(q.device, cd) else None
+    return chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu"), native
+
+
 class CausalDotProduct(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, chunk_size, grad_enabled, out_dtype):
         ctx.chunk_size = chunk_size
+        c, native_c = _chunks(q, v, chunk_size)
         cd = _compute_dtype(q.dtype)
         # Autocast must not push the matmuls back down to bf16: the accumulation is the point.
         with torch.autocast(q.device.type, enabled=False):
             # grad q's chunk states are kept from here when it will be needed (only then: the
-            # forward itself runs with grad off, so the caller's grad mode comes as an argument).
-            out, ctx.kv_bad, states = _grouped_forward(q.to(cd), k.to(cd), v.to(cd), chunk_size,
-                                                       keep_states=grad_enabled and ctx.needs_input_grad[0])
+            # forward itself runs with grad off, so the caller's grad mode comes as an argument);
+            # the fused CPU kernel keeps none (its backward recomputes them in cache).
+            out, ctx.kv_bad, states = _grouped_forward(q.to(cd), k.to(cd), v.to(cd), c, native_c=native_c,
+                                                       keep_states=grad_enabled and ctx.needs_input_grad[0]
+                                                       and not native_c)
         ctx.save_for_backward(q, k, v, states)
         return out.to(out_dtype or q.dtype)
 
@@ -340,9 +317,10 @@ class CausalDotProduct(torch.autograd.Function):
             product = lambda a, b, x: CausalDotProduct.apply(a, b, x, ctx.chunk_size, True, None)  # noqa: E731
             grads = causal_product_grads(product, *(x.to(cd) for x in (q, k, v, g)), need)
         else:
+            c, native_c = _chunks(q, v, ctx.chunk_size)
             with torch.autocast(q.device.type, enabled=False):
-                grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), ctx.chunk_size, need, states,
-                                          kv_bad=ctx.kv_bad)
+                grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), c, need, states,
+                                          kv_bad=ctx.kv_bad, native_c=native_c)
         return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v))) + (None, None, None)
 
 
@@ -351,16 +329,16 @@ def causal_dot_product_chunked_backward(q, k, v, g, need=(True, True, True), chu
     autograd (each None where `need` says so; in the inputs' dtypes): the backward of a layer
     that recomputes q, k, v instead of keeping them. The chunk states are recomputed (one matmul
     and a scan), where the Function keeps them from its forward."""
-    c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
+    c, native_c = _chunks(q, v, chunk_size)
     cd = _compute_dtype(q.dtype)
     with torch.autocast(q.device.type, enabled=False):
-        grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), c, tuple(need))
+        grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), c, tuple(need), native_c=native_c)
     return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v)))
 
 
 def causal_dot_product_chunked(q, k, v, chunk_size=None, out_dtype=None):
     """out_dtype: the result's dtype, q's by default. The sums run in fp32 (fp64 for fp64) either
     way, so torch.float32 gives half-precision inputs' sums unrounded (they overflow fp16 at
-    long N: the normalised attention divides them first)."""
-    c = chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu")
-    return CausalDotProduct.apply(q, k, v, c, torch.is_grad_enabled(), out_dtype)
+    long N: the normalised attention divides them first). chunk_size: C for either path (None:
+    each one's measured C)."""
+    return CausalDotProduct.apply(q, k, v, chunk_size, torch.is_grad_enabled(), out_dtype)

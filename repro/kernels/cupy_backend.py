@@ -59,7 +59,7 @@ def _gate_reason(op, dtype, backward=False):
     """Why `op` leaves these inputs to the torch path unless REPRO_KERNEL=cupy, or None."""
     forced, how = forced_backend(), "; set REPRO_KERNEL=cupy to use it"
     if forced:
-        return "forced to the torch path by REPRO_KERNEL=torch" if forced == "torch" else None
+        return None if forced == "cupy" else f"forced off the CuPy kernels by REPRO_KERNEL={forced}"
     if not GPU_VERIFIED:
         return "the CuPy kernels are compile-checked but not yet verified on a GPU (GPU_VERIFIED is False)" + how
     if dtype in KERNEL_DTYPES and dtype not in FASTER_DTYPES[op]:  # others: _device_reason says why

@@ -25,9 +25,11 @@ successors' ops, fn(q, k, v, x) with x its `extra` input: "per_step" (log decays
 can run is decided by the device the benchmark was asked to use, never by whether some CUDA
 device is visible: a CPU run on a GPU machine still reports the CUDA-only peers as missing.
 """
+import importlib.metadata
 import inspect
 import os
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -189,3 +191,49 @@ def fla_successor(name, device) -> Peer:
     # fla 0.6's chunk_delta_rule refuses fp32 ("Please use bfloat16")
     dtypes = (torch.bfloat16, torch.float16) if extra == "beta" else (torch.float32, torch.bfloat16, torch.float16)
     return Peer(lambda q, k, v, x: fn(q, k, v, x, scale=1.0)[0], layout="bnhd", extra=extra, dtypes=dtypes)
+
+
+PEER_DIST = "pytorch-fast-transformers"
+
+
+def build_ft_cpu(sdist: Path):
+    """Compile only the CPU causal product of the authors' sdist (torch's JIT extension builder,
+    cached under ~/.cache/torch_extensions; about a minute the first time on this machine)."""
+    from torch.utils.cpp_extension import load
+
+    src_dir = Path(tempfile.mkdtemp(prefix="ft_sdist_"))
+    member = "fast_transformers/causal_product/causal_product_cpu.cpp"
+    with tarfile.open(sdist) as tar:
+        names = [m for m in tar.getmembers() if m.name.endswith(member)]
+        if not names:
+            raise SystemExit(f"--peer-sdist {sdist}: no {member} inside; expected the PyPI sdist of {PEER_DIST} 0.4.0")
+        tar.extractall(src_dir, members=names, filter="data")
+    return ft_autograd(load("fast_transformers_causal_product_cpu", [str(src_dir / names[0].name)],
+                            extra_cflags=["-O3", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"]))
+
+
+def ft_cpu_peer(sdist: str | None):
+    """The CPU-speed benchmark's peer (repro.reproduction.cpu_speed): (fn or None, version or why
+    missing), from the installed package or the sdist's CPU causal product built here."""
+    try:
+        from fast_transformers.causal_product import causal_dot_product
+        return causal_dot_product, _version(PEER_DIST) or "importable (version unknown)"
+    except Exception as err:  # ImportError, or an installed build without its CPU extension
+        reason = f"missing: fast_transformers not importable ({type(err).__name__}: {err})"
+    if sdist is None:
+        return None, reason + "; pass --peer-sdist (README: 'CPU speed of the core')"
+    if not Path(sdist).is_file():
+        raise SystemExit(f"--peer-sdist {sdist}: no such file; expected the PyPI sdist of {PEER_DIST} 0.4.0 "
+                         f"(pip download {PEER_DIST}==0.4.0 --no-deps --no-binary :all: --no-build-isolation)")
+    try:
+        return build_ft_cpu(Path(sdist)), f"0.4.0 sdist built here ({Path(sdist).name})"
+    except Exception as err:  # no compiler, no ninja: the peer is optional, so its row says why
+        return None, (f"missing: building {Path(sdist).name} failed "
+                      f"({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+
+
+def _version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -17,15 +17,16 @@ CPU_SPEED = re.compile(r"cpu_speed_(\d+)t_(\d{8}T\d{6})\.csv")
 
 
 def newest_cpu_speed(csvs) -> list[tuple[Path, pd.DataFrame]]:
-    """(path, table) of the newest cpu_speed CSV per thread count, fewest threads first, from the
-    CSVs `sections` has read."""
+    """(path, table) of the newest cpu_speed CSV per CPU and thread count (the kernel's lead
+    depends on the CPU: each host's runs are kept), by CPU then fewest threads, from the CSVs
+    `sections` has read."""
     newest = {}
     for path, df in csvs:
         if m := CPU_SPEED.fullmatch(path.name):
-            key = int(m[1])
+            key = (str(df.device.iloc[0]) if "device" in df and len(df) else "?", int(m[1]))
             if key not in newest or m[2] > CPU_SPEED.fullmatch(newest[key][0].name)[2]:
                 newest[key] = (path, df)
-    return [newest[t] for t in sorted(newest)]
+    return [newest[key] for key in sorted(newest)]
 
 
 def _cpu_speed_rows(df) -> list[list]:
@@ -59,11 +60,20 @@ def _cpu_speed_rows(df) -> list[list]:
             rows.append([f"`causal_dot_product` fwd + bwd, N = {n:,}", ms(ours.ms) if ours is not None else "—",
                          f"fast-transformers: {why}", "—", "≥ 2×", "—"])
             continue
-        rows.append([f"`causal_dot_product` fwd + bwd, N = {n:,}", ms(ours.ms), f"fast-transformers {ms(peer.ms)}",
-                     faster(ours.speedup_vs_peer), "≥ 2×", met(ours)])
+        backend = f" ({ours.backend} backend)" if "backend" in ours and isinstance(ours.backend, str) else ""
+        rows.append([f"`causal_dot_product` fwd + bwd, N = {n:,}{backend}", ms(ours.ms),
+                     f"fast-transformers {ms(peer.ms)}", faster(ours.speedup_vs_peer), "≥ 2×", met(ours)])
+        if (plain := get("kernel_vs_peer", "ours_torch", n=n)) is not None:
+            rows.append([f"the same, chunked PyTorch pieces (`REPRO_KERNEL=torch`), N = {n:,}", ms(plain.ms),
+                         f"fast-transformers {ms(peer.ms)}", faster(plain.speedup_vs_peer), "—", "—"])
     if (f := get("forward", "ours")) is not None:
-        rows.append([f"forward, N = {f.n:,}", ms(f.ms), f"GEMM {f.gemm_gflops:.0f} GFLOP/s (1024³)",
-                     f"{f.matmul_gflops:.0f} GFLOP/s of matmuls", "keep", "—"])
+        if "needed_gflops" in f and f.needed_gflops == f.needed_gflops:  # counted on the needed work (not NaN)
+            rows.append([f"forward, N = {f.n:,}", ms(f.ms), f"GEMM {f.gemm_gflops:.0f} GFLOP/s (1024³)",
+                         f"{f.needed_gflops:.0f} GFLOP/s of needed work ({f.pct_of_gemm_needed:.0f} % of GEMM)",
+                         "≥ 50 % of GEMM", met(f)])
+        else:  # runs before 2026-11-27 counted the chunked path's matmuls, full (C, C) blocks included
+            rows.append([f"forward, N = {f.n:,}", ms(f.ms), f"GEMM {f.gemm_gflops:.0f} GFLOP/s (1024³)",
+                         f"{f.matmul_gflops:.0f} GFLOP/s of matmuls", "keep", "—"])
     if (b := get("backward_dense", "ours")) is not None and f is not None:
         rows.append(["backward, dense gradient", ms(b.ms), f"forward {ms(f.ms)}", f"{b.x_forward:.2f}×",
                      "≤ 2.5×", met(b)])
@@ -93,8 +103,8 @@ def cpu_speed(ctx) -> str:
     out = ["## CPU speed of the core",
            "From `python -m repro.reproduction.cpu_speed` (its targets: docs/kernels.md; each pair timed interleaved, "
            "medians of its "
-           "rounds; the load average is the machine's 1-minute load while the run measured). The newest run per thread "
-           "count under results/:"]
+           "rounds; the load average is the machine's 1-minute load while the run measured). The newest run per CPU "
+           "and thread count under results/:"]
     for path, df in runs:
         meta = path.with_suffix(".json")
         command = read_json(meta, ctx.root).get("command") if meta.is_file() else None
