@@ -211,7 +211,7 @@ def test_the_linear_layer_on_the_fused_kernel(monkeypatch, calls, workspace, pad
     from repro.attention.performer import FavorFeatureMap
     from repro.kernels import blocked
 
-    monkeypatch.setattr(blocked, "WORKSPACE_BYTES", workspace)
+    monkeypatch.setattr(blocked, "default_workspace", lambda q: workspace)
     torch.manual_seed(5)
     maps = {"elu": None, "favor": lambda d: FavorFeatureMap(d, n_features=6)}
     layer = LinearAttention(d_model=15, n_heads=3, feature_map=maps[feature_map])
@@ -246,3 +246,20 @@ def test_the_raw_calls_refuse_what_they_cannot_read():
         cpu_native.forward(q, q, q.transpose(0, 1).contiguous().transpose(0, 1), out)
     with pytest.raises(ValueError, match=r"s0 must be .* shape \(2, 4, 4\)"):
         cpu_native.backward(q, q, q, q, [out, None, None], s0=torch.zeros(2, 4, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_no_tokens(dtype):
+    """N = 0: empty outputs and gradients from the product and the linear layer, either path (the
+    chunk views used to fail to size themselves, and the layer's chunk was 0)."""
+    from repro.attention import LinearAttention
+
+    q = torch.randn(3, 2, 0, 4, dtype=dtype, requires_grad=True)
+    out = causal_dot_product(q, q, q)
+    out.sum().backward()
+    assert out.shape == q.grad.shape == (3, 2, 0, 4)
+    for causal in (True, False):
+        x = torch.randn(2, 0, 8, dtype=dtype, requires_grad=True)
+        y = LinearAttention(8, 2).to(dtype)(x, causal=causal)
+        y.sum().backward()
+        assert y.shape == x.grad.shape == (2, 0, 8)

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from repro.kernels import cpu_native
 from repro.reproduction import cpu_speed
 
 TINY = ["--threads", "1", "--rounds", "1", "--kernel-lengths", "40", "--pass-length", "64",
@@ -26,8 +27,17 @@ def test_every_row_written(tmp_path, monkeypatch, capsys):
     assert set(rows.measure) == {"kernel_vs_peer", "forward", "backward_dense", "backward_sum", "successors", "layer",
                                  "generation"}
     succ = rows[rows.measure == "successors"].set_index("method")
-    assert set(succ.index) == {"causal", "retention", "gla", "delta"} and succ.n.eq(64).all()
-    assert succ.x_causal["delta"] == pytest.approx(succ.ms["delta"] / succ.ms["causal"])
+    fused = cpu_native.unavailable() is None  # then the PyTorch pieces are timed beside it, the targets' reference
+    assert set(succ.index) == {"causal", "retention", "gla", "delta"} | ({"causal_torch"} if fused else set())
+    assert succ.n.eq(64).all() and succ.x_causal["delta"] == pytest.approx(succ.ms["delta"] / succ.ms["causal"])
+    if fused:
+        assert succ.x_causal_torch["gla"] == pytest.approx(succ.ms["gla"] / succ.ms["causal_torch"])
+        assert succ.target["gla"] == "<= 4x causal_torch"
+        kernel = rows[rows.measure == "kernel_vs_peer"].set_index("method")
+        assert kernel.backend["ours"] == "cpu" and kernel.backend["ours_torch"] == "torch"
+        assert kernel.x_fused["ours_torch"] == pytest.approx(kernel.ms["ours_torch"] / kernel.ms["ours"])
+    fwd = rows[rows.measure == "forward"].iloc[0]
+    assert fwd.needed_gflops == pytest.approx(4 * 8 * fwd.n * 64 * 64 / (fwd.ms / 1e3) / 1e9)
     peer = rows[rows.method == "fast_transformers"].iloc[0]
     assert peer.status.startswith("missing: fast_transformers not importable")
     ok = rows[rows.status == "ok"]

@@ -103,8 +103,8 @@ class LinearAttention(AttentionLayer):
                  workspace_mb: float | None = None):
         super().__init__(d_model, n_heads, d_keys, d_values)
         if workspace_mb is not None and not 0 < workspace_mb < float("inf"):
-            raise ValueError(f"{type(self).__name__}: workspace_mb must be finite and > 0, or null (the default, "
-                             f"{WORKSPACE_BYTES / 2**20:g} MiB); got {workspace_mb}")
+            raise ValueError(f"{type(self).__name__}: workspace_mb must be finite and > 0, or null (the default: "
+                             f"{WORKSPACE_BYTES / 2**20:g} MiB, less for a small problem); got {workspace_mb}")
         self.feature_map = (feature_map or EluFeatureMap)(self.d_keys)
         self.eps = eps
         # MiB per thread for the CPU passes' intermediates (repro.kernels.blocked): smaller lowers

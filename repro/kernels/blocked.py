@@ -23,6 +23,7 @@ from repro.kernels import causal_dot_product, causal_dot_product_backward, cpu_n
 from repro.kernels.chunked import (
     _backward,
     _forward,
+    _rows,
     _scan,
     _split,
     default_chunk_size,
@@ -42,6 +43,13 @@ from repro.kernels.threads import _may_use_threads, _run_groups
 # batch 32), one training step, 1 thread, medians of 5 interleaved rounds (load 3-4): 8 MiB 62.6 ms
 # and 26.7 MB allocated at the peak, 2 MiB 71.6 ms and 24.3 MB (softmax's peak: 24.3 MB, 66.8 ms).
 WORKSPACE_BYTES = 8 << 20
+# Unless the layer sets its own, the budget also follows the problem: at most WORKSPACE_SHARE of
+# the bytes of q (fp32: B H N D values), at least MIN_WORKSPACE. Small models (the copy and MNIST
+# presets: q of 0.1-2 MiB) then keep their scratch beside what the layer keeps anyway (q, k, v and
+# y, 4x q) small enough that a training step peaks no higher than with SDPA softmax; the layer
+# benchmark's 4,096 tokens x 256 (q of 16 MiB) keep the full 8 MiB and its speed.
+WORKSPACE_SHARE = 0.5
+MIN_WORKSPACE = 64 << 10
 SCAN_CHUNKS = 64
 
 
@@ -76,14 +84,20 @@ def _chunk(q, v):
     return min(default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu"), -(-n // 8) * 8)
 
 
+def default_workspace(q) -> int:
+    """The budget in bytes per thread when the layer sets none: WORKSPACE_BYTES, or less for a small
+    problem (WORKSPACE_SHARE of q's fp32 bytes, at least MIN_WORKSPACE)."""
+    return int(min(WORKSPACE_BYTES, max(MIN_WORKSPACE, WORKSPACE_SHARE * 4 * q.numel())))
+
+
 def _plan(q, v, c, workspace=None):
     """(groups of rows [(batch slice, head slice)], the backward's block of tokens) for a workspace
-    of `workspace` bytes per thread (None: WORKSPACE_BYTES)."""
+    of `workspace` bytes per thread (None: default_workspace)."""
     b, h, n, f = q.shape
     if q.device.type != "cpu":
         return [(slice(None), slice(None))], n
     per_token = 4 * (4 * f + 4 * (v.shape[-1] + 1) + 2 * c)  # bytes of workspace per (row, token)
-    tokens = max(c, (workspace or WORKSPACE_BYTES) // per_token // c * c)
+    tokens = max(c, (workspace or default_workspace(q)) // per_token // c * c)
     threads = torch.get_num_threads() if _may_use_threads() else 1
     per = max(1, min(tokens // n, -(-b * h // threads)))  # rows per group
     while per < h and h % per:
@@ -103,6 +117,8 @@ def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc, workspace=No
     c, native = _chunk(q, v), causal and cpu_native.native(q.device, acc)
     y = _heads_last(v.shape, v.dtype, v.device)
     inv = torch.empty(*v.shape[:-1], 1, dtype=acc, device=v.device)
+    if q.shape[-2] == 0:  # no tokens, nothing to attend to
+        return y, inv
 
     def group(rows):
         idx = (*rows, slice(None))
@@ -130,6 +146,8 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
     where `need` says so)."""
     c = _chunk(q, v)
     grads = [_heads_last(x.shape, x.dtype, x.device) if r else None for x, r in zip((q, k, v), need)]
+    if q.shape[-2] == 0:
+        return tuple(grads)
     groups, block = _plan(q, v, c, workspace)
     acc = inv.dtype
     native = causal and cpu_native.native(q.device, acc)
@@ -171,18 +189,16 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
 def _fused_forward(phi_q, phi_k, v1):
     """[num | den] by the fused CPU kernel on one group's (b, h, N, F|M + 1) tensors, or None when
     phi(K) or [v, 1] holds an inf or NaN (the chunked pieces' exact path then)."""
-    rows = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731  # views: phi and _with_ones write contiguous
-    out = v1.new_empty(v1.shape)
-    return out if cpu_native.forward(rows(phi_q), rows(phi_k), rows(v1), rows(out)) else None
+    out = v1.new_empty(v1.shape)  # _rows are views: phi and _with_ones write contiguous tensors
+    return out if cpu_native.forward(_rows(phi_q), _rows(phi_k), _rows(v1), _rows(out)) else None
 
 
 def _fused_backward(phi_q, phi_k, v1, g1, need, s0=None, r0=None):
     """grad phi(Q), grad phi(K), grad [v, 1] by the fused CPU kernel (None where `need` says so),
     from the states before (s0) and after (r0) these tokens; None when a sum is not finite."""
-    rows = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((phi_q, phi_k, v1), need)]
-    ok = cpu_native.backward(rows(phi_q), rows(phi_k), rows(v1), rows(g1.contiguous()),
-                             [None if x is None else rows(x) for x in grads], s0=s0, r0=r0)
+    ok = cpu_native.backward(_rows(phi_q), _rows(phi_k), _rows(v1), _rows(g1.contiguous()),
+                             [None if x is None else _rows(x) for x in grads], s0=s0, r0=r0)
     return grads if ok else None
 
 

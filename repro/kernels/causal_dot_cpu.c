@@ -127,11 +127,42 @@ static inline pair P(const float *A, long ar, long ac, const float *B, long ldb,
     return p;
 }
 
-/* dst (cols x rows) = src (rows x cols)^T */
+typedef int v8i __attribute__((vector_size(32)));
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+
+/* dst (8 x 8, rows ldd apart) = src (8 x 8, rows lds apart)^T, in registers: the unpack, shuffle
+ * and lane-swap steps of the usual AVX transpose, written as GCC vector shuffles. */
+static inline void transpose8(const float *src, long lds, float *dst, long ldd) {
+    v8 r0 = LD(src), r1 = LD(src + lds), r2 = LD(src + 2 * lds), r3 = LD(src + 3 * lds), r4 = LD(src + 4 * lds),
+       r5 = LD(src + 5 * lds), r6 = LD(src + 6 * lds), r7 = LD(src + 7 * lds);
+    v8 t0 = SHUF(r0, r1, 0, 8, 1, 9, 4, 12, 5, 13), t1 = SHUF(r0, r1, 2, 10, 3, 11, 6, 14, 7, 15);
+    v8 t2 = SHUF(r2, r3, 0, 8, 1, 9, 4, 12, 5, 13), t3 = SHUF(r2, r3, 2, 10, 3, 11, 6, 14, 7, 15);
+    v8 t4 = SHUF(r4, r5, 0, 8, 1, 9, 4, 12, 5, 13), t5 = SHUF(r4, r5, 2, 10, 3, 11, 6, 14, 7, 15);
+    v8 t6 = SHUF(r6, r7, 0, 8, 1, 9, 4, 12, 5, 13), t7 = SHUF(r6, r7, 2, 10, 3, 11, 6, 14, 7, 15);
+    v8 s0 = SHUF(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13), s1 = SHUF(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15);
+    v8 s2 = SHUF(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13), s3 = SHUF(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15);
+    v8 s4 = SHUF(t4, t6, 0, 1, 8, 9, 4, 5, 12, 13), s5 = SHUF(t4, t6, 2, 3, 10, 11, 6, 7, 14, 15);
+    v8 s6 = SHUF(t5, t7, 0, 1, 8, 9, 4, 5, 12, 13), s7 = SHUF(t5, t7, 2, 3, 10, 11, 6, 7, 14, 15);
+    ST(dst, SHUF(s0, s4, 0, 1, 2, 3, 8, 9, 10, 11));
+    ST(dst + ldd, SHUF(s1, s5, 0, 1, 2, 3, 8, 9, 10, 11));
+    ST(dst + 2 * ldd, SHUF(s2, s6, 0, 1, 2, 3, 8, 9, 10, 11));
+    ST(dst + 3 * ldd, SHUF(s3, s7, 0, 1, 2, 3, 8, 9, 10, 11));
+    ST(dst + 4 * ldd, SHUF(s0, s4, 4, 5, 6, 7, 12, 13, 14, 15));
+    ST(dst + 5 * ldd, SHUF(s1, s5, 4, 5, 6, 7, 12, 13, 14, 15));
+    ST(dst + 6 * ldd, SHUF(s2, s6, 4, 5, 6, 7, 12, 13, 14, 15));
+    ST(dst + 7 * ldd, SHUF(s3, s7, 4, 5, 6, 7, 12, 13, 14, 15));
+}
+
+/* dst (cols x rows) = src (rows x cols)^T: 8 x 8 blocks in registers, the edges one by one (a
+ * scalar transpose took a quarter of the backward's time) */
 static void transpose(const float *src, int rows, int cols, float *dst) {
+    int i8 = rows / 8 * 8, j8 = cols / 8 * 8;
+    for (int i = 0; i < i8; i += 8)
+        for (int j = 0; j < j8; j += 8)
+            transpose8(src + (long)i * cols + j, cols, dst + (long)j * rows + i, rows);
     for (int i = 0; i < rows; i++)
-        for (int j = 0; j < cols; j++)
-            dst[j * rows + i] = src[i * cols + j];
+        for (int j = i < i8 ? j8 : 0; j < cols; j++)
+            dst[(long)j * rows + i] = src[(long)i * cols + j];
 }
 
 /* s += the chunk's own sum t (n values): each chunk is summed on its own first and then added,
@@ -167,8 +198,8 @@ int causal_dot_forward(long rows, int n, int d, int m, int c, const float *q, co
         float *o = out + r * n * m, *S = state ? state + r * d * m : local;
         if (!state)
             memset(S, 0, sizeof(float) * d * m);
-        for (int t0 = 0; t0 < n; t0 += c) {
-            int cc = n - t0 < c ? n - t0 : c;
+        for (long t0 = 0; t0 < n; t0 += c) {
+            int cc = n - t0 < c ? (int)(n - t0) : c;
             const float *qc = qr + t0 * d, *kc = kr + t0 * d, *vc = vr + t0 * m;
             float *oc = o + t0 * m;
             transpose(kc, cc, d, kt);                           /* (D, cc) */
@@ -208,8 +239,8 @@ int causal_dot_backward(long rows, int n, int d, int m, int c, const float *q, c
                 transpose(s0 + r * dm, d, m, rt);
             else
                 memset(rt, 0, sizeof(float) * dm);
-            for (int t0 = 0; t0 < n; t0 += c) {
-                int cc = n - t0 < c ? n - t0 : c;
+            for (long t0 = 0; t0 < n; t0 += c) {
+                int cc = n - t0 < c ? (int)(n - t0) : c;
                 const float *kc = kr + t0 * d, *vc = vr + t0 * m, *gc = gr + t0 * m;
                 transpose(vc, cc, m, vt);                       /* (M, cc) */
                 gemm(cc, cc, m, gc, m, 1, vt, cc, a, cc, NLOW); /* a = g v^T, j <= i */
@@ -227,8 +258,8 @@ int causal_dot_backward(long rows, int n, int d, int m, int c, const float *q, c
             memcpy(R, r0 + r * dm, sizeof(float) * dm);
         else
             memset(R, 0, sizeof(float) * dm);
-        for (int t0 = (n - 1) / c * c; t0 >= 0; t0 -= c) { /* reverse sweep: R after the chunk */
-            int cc = n - t0 < c ? n - t0 : c;
+        for (long t0 = (n - 1) / c * (long)c; t0 >= 0; t0 -= c) { /* reverse sweep: R after the chunk */
+            int cc = n - t0 < c ? (int)(n - t0) : c;
             const float *qc = qr + t0 * d, *kc = kr + t0 * d, *vc = vr + t0 * m, *gc = gr + t0 * m;
             if (gk) {
                 transpose(vc, cc, m, vt);                       /* (M, cc) */

@@ -219,7 +219,7 @@ def _row_groups(n_rows, n, c, device):
     """Slices of the rows (sequences) that are computed together."""
     if device.type != "cpu" or not _may_use_threads():
         return [slice(0, n_rows)]  # GPUs want the whole batch in each launch
-    per = max(1, min(GROUP_CHUNKS // -(-n // c), -(-n_rows // torch.get_num_threads())))
+    per = max(1, min(GROUP_CHUNKS // max(1, -(-n // c)), -(-n_rows // torch.get_num_threads())))
     return [slice(i, i + per) for i in range(0, n_rows, per)]
 
 
@@ -233,11 +233,18 @@ def _any_non_finite(x) -> bool:
     return not bool(torch.isfinite(x.sum()))
 
 
+def _rows(x):
+    """(..., N, X) -> (rows, N, X); N = 0 too (reshape(-1, ...) cannot size -1 for no elements)."""
+    return x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:])
+
+
 def _grouped_forward(q, k, v, c, keep_states=False, native_c=None):
     """(output, the chunk states (rows, nc, D, M) when keep_states, else None, whether k or v
     holds an inf or NaN). native_c: the fused kernel's chunk, when it is to be tried first (it
     keeps no states: its backward recomputes them)."""
-    q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))  # (rows, N, D|M)
+    if q.shape[-2] == 0:  # no tokens: nothing to sum (the chunk views below need one)
+        return v.new_zeros(v.shape), False, None
+    q3, k3, v3 = (_rows(x) for x in (q, k, v))  # (rows, N, D|M)
     if native_c and (out := cpu_native.run_forward(q3, k3, v3, native_c)) is not None:
         return out.view(v.shape), False, None
     nc = -(-q.shape[-2] // c)
@@ -252,7 +259,9 @@ def _grouped_forward(q, k, v, c, keep_states=False, native_c=None):
 
 
 def _grouped_backward(q, k, v, g, c, need, states=None, kv_bad=False, native_c=None):
-    q3, k3, v3, g3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, g))  # (rows, N, D|M)
+    if q.shape[-2] == 0:
+        return tuple(x.new_zeros(x.shape) if r else None for x, r in zip((q, k, v), need))
+    q3, k3, v3, g3 = (_rows(x) for x in (q, k, v, g))  # (rows, N, D|M)
     if native_c and not kv_bad and (grads := cpu_native.run_backward(q3, k3, v3, g3, native_c, need)) is not None:
         return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)

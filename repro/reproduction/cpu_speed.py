@@ -291,8 +291,8 @@ def _print(r):
     if r.get("status") != "ok":
         print(f"{what}  {r['status']}")
         return
-    keys = ("speedup_vs_peer", "speedup_vs_softmax", "x_linear", "x_causal", "x_forward", "x_dense", "x_floor",
-            "x_fused", "us_per_token", "needed_gflops", "pct_of_gemm_needed", "gemm_gflops", "target", "met")
+    keys = ("speedup_vs_peer", "speedup_vs_softmax", "x_linear", "x_causal", "x_causal_torch", "x_forward", "x_dense",
+            "x_floor", "x_fused", "us_per_token", "needed_gflops", "pct_of_gemm_needed", "gemm_gflops", "target", "met")
     extra = {k: r[k] for k in keys if k in r}
     extra = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
     print(f"{what}  {r['ms']:9.2f} ms  {extra}  load={r['load_avg_1_5_15'][0]:.2f}")
@@ -354,9 +354,9 @@ def _run(args, argv):
         base["versions"] = {**base["versions"], PEER_DIST: note if peer_fn else None}
         gemm = gemm_gflops(args.rounds, args.settle)
         print(f"GEMM (1024^3 fp32): {gemm:.0f} GFLOP/s")
-        rows = []
+        rows, fused = [], _backend(torch.empty(1, 1, 1, 1)) != "torch"
         parts = {"kernel": lambda: kernel_rows(base, args, peer_fn, note), "pass": lambda: pass_rows(base, args, gemm),
-                 "successors": lambda: successor_rows(base, args, interleaved, _row),
+                 "successors": lambda: successor_rows(base, args, interleaved, _row, plain_pytorch if fused else None),
                  "layer": lambda: layer_rows(base, args), "generation": lambda: generation_rows(base, args)}
         for part in args.rows:
             for r in parts[part]():

@@ -4,7 +4,11 @@ causal_dot_product by repro.reproduction.cpu_speed (its `successors` rows):
   retention  gated_causal_dot_product, RetNet's fixed decay per head (no gradient: fixed), <= 2x
   gla        gated_causal_dot_product, GLA-like decays per key dimension (log sigmoid / 16), <= 4x
   delta      delta_rule_dot_product, unit keys and beta in (0, 1), <= 4x
-each row with x_causal = its time / the causal product's, the target and whether it is met."""
+each row with x_causal = its time / the causal product's (the dispatcher's: on a CPU the fused C
+kernel where it builds) and, where that is the fused kernel, x_causal_torch = its time / the
+causal product's chunked PyTorch pieces (causal_torch, REPRO_KERNEL=torch): the same kind of
+implementation as the successors' ops, the targets' reference (they were set when the causal
+product had no other CPU path), and whether it is met."""
 import torch
 import torch.nn.functional as F
 
@@ -13,8 +17,9 @@ from repro.kernels import causal_dot_product, delta_rule_dot_product, gated_caus
 TARGETS = {"retention": 2.0, "gla": 4.0, "delta": 4.0}  # at most this many times the causal product
 
 
-def successor_fns(n, b=1, h=8, d=64, seed=0):
-    """name -> a forward + backward call, on the same q, k, v (causal, retention, gla, delta)."""
+def successor_fns(n, b=1, h=8, d=64, seed=0, plain=None):
+    """name -> a forward + backward call, on the same q, k, v (causal, retention, gla, delta; and
+    causal_torch, the product on its PyTorch pieces, when `plain` wraps a call to force them)."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, h, n, d, generator=g) * 0.5 for _ in range(3))
     grad = torch.randn(b, h, n, d, generator=g)
@@ -27,21 +32,30 @@ def successor_fns(n, b=1, h=8, d=64, seed=0):
     def run(fn, *xs):
         return lambda: torch.autograd.grad(fn(*xs), [x for x in xs if x.requires_grad], grad)
 
-    return {"causal": run(causal_dot_product, q, k, v),
+    fns = {"causal": run(causal_dot_product, q, k, v),
             "retention": run(gated_causal_dot_product, q, k, v, log_gamma),
             "gla": run(gated_causal_dot_product, q, k, v, log_alpha),
             "delta": run(delta_rule_dot_product, q, unit_k, v, beta)}
+    if plain is not None:
+        fns["causal_torch"] = plain(run(causal_dot_product, q, k, v))
+    return fns
 
 
-def successor_rows(base, args, interleaved, row):
-    """Rows for the `successors` measure; interleaved and row are cpu_speed's timer and row maker."""
+def successor_rows(base, args, interleaved, row, plain=None):
+    """Rows for the `successors` measure; interleaved, row and plain are cpu_speed's timer, row
+    maker and PyTorch-pieces wrapper (None: the causal product has no other path here)."""
     n = args.pass_length
-    t = interleaved(successor_fns(n), args.rounds, settle=args.settle)
+    t = interleaved(successor_fns(n, plain=plain), args.rounds, settle=args.settle)
     causal = t["causal"][0]
+    ref, ref_name = (t["causal_torch"][0], "causal_torch") if "causal_torch" in t else (causal, "causal")
     rows = []
     for name, (sec, times) in t.items():
-        extra = {} if name == "causal" else {"x_causal": sec / causal, "target": f"<= {TARGETS[name]:g}x causal",
-                                             "met": sec / causal <= TARGETS[name]}
+        extra = {}
+        if name not in ("causal", "causal_torch"):
+            extra = {"x_causal": sec / causal, "target": f"<= {TARGETS[name]:g}x {ref_name}",
+                     "met": sec / ref <= TARGETS[name]}
+            if ref_name == "causal_torch":
+                extra["x_causal_torch"] = sec / ref
         rows.append(row(base, measure="successors", pass_="fwd_bwd", method=name, n=n, batch=1, heads=8, d=64, m=64,
                         status="ok", ms=1e3 * sec, times_ms=[1e3 * x for x in times], **extra))
     return rows
