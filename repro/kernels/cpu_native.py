@@ -166,22 +166,22 @@ def _groups(rows):
 
 def run_forward(q3, k3, v3, c, state=None):
     """The fused forward of (rows, N, D|M) fp32 tensors, one group of rows per host thread, or None
-    when some row's total is not finite (an inf or NaN in k or v: the exact path's case)."""
-    q3, k3, v3 = (x.contiguous() for x in (q3, k3, v3))
+    when some row's total is not finite (an inf or NaN in k or v: the exact path's case). Each
+    thread makes its own rows contiguous (a no-op when they are): a copy of the whole inputs
+    before the pool would run on torch's OpenMP threads, still spinning when the pool starts."""
     out, ok = v3.new_empty(v3.shape), []
-    _run_groups(lambda s: ok.append(forward(q3[s], k3[s], v3[s], out[s], c,
-                                                       None if state is None else state[s])),
-                _groups(q3.shape[0]))
+    _run_groups(lambda s: ok.append(forward(*(x[s].contiguous() for x in (q3, k3, v3)), out[s], c,
+                                            None if state is None else state[s])), _groups(q3.shape[0]))
     return out if all(ok) else None
 
 
 def run_backward(q3, k3, v3, g3, c, need, s0=None, r0=None):
     """The fused backward's (grad q, grad k, grad v) (None where `need` says so), or None when
-    some row's sum k v^T or q g^T is not finite (the exact path's case)."""
-    q3, k3, v3, g3 = (x.contiguous() for x in (q3, k3, v3, g3))
+    some row's sum k v^T or q g^T is not finite (the exact path's case). g may be an expanded
+    stride-0 tensor (after out.sum().backward()): each thread copies its own rows (run_forward)."""
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((q3, k3, v3), need)]
     ok = []
     _run_groups(lambda s: ok.append(backward(
-        q3[s], k3[s], v3[s], g3[s], [None if x is None else x[s] for x in grads], c,
+        *(x[s].contiguous() for x in (q3, k3, v3, g3)), [None if x is None else x[s] for x in grads], c,
         None if s0 is None else s0[s], None if r0 is None else r0[s])), _groups(q3.shape[0]))
     return grads if all(ok) else None
