@@ -189,15 +189,16 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
 def _fused_forward(phi_q, phi_k, v1):
     """[num | den] by the fused CPU kernel on one group's (b, h, N, F|M + 1) tensors, or None when
     phi(K) or [v, 1] holds an inf or NaN (the chunked pieces' exact path then)."""
-    out = v1.new_empty(v1.shape)  # _rows are views: phi and _with_ones write contiguous tensors
-    return out if cpu_native.forward(_rows(phi_q), _rows(phi_k), _rows(v1), _rows(out)) else None
+    out = v1.new_empty(v1.shape)
+    rows = (_rows(x).contiguous() for x in (phi_q, phi_k, v1))  # no copies: phi and _with_ones write contiguous
+    return out if cpu_native.forward(*rows, _rows(out)) else None
 
 
 def _fused_backward(phi_q, phi_k, v1, g1, need, s0=None, r0=None):
     """grad phi(Q), grad phi(K), grad [v, 1] by the fused CPU kernel (None where `need` says so),
     from the states before (s0) and after (r0) these tokens; None when a sum is not finite."""
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((phi_q, phi_k, v1), need)]
-    ok = cpu_native.backward(_rows(phi_q), _rows(phi_k), _rows(v1), _rows(g1.contiguous()),
+    ok = cpu_native.backward(*(_rows(x).contiguous() for x in (phi_q, phi_k, v1, g1)),
                              [None if x is None else _rows(x) for x in grads], s0=s0, r0=r0)
     return grads if ok else None
 
