@@ -1,12 +1,13 @@
 """The fused CPU causal dot product (causal_dot_cpu.c), built on first use and called through
-ctypes: the chunked path's fast CPU backend for fp32 (repro.kernels.chunked picks it; REPRO_KERNEL=torch
-turns it off). ctypes releases the GIL during a call, so the chunked path's host threads run
-groups of rows on it in parallel.
+ctypes: the chunked path's fast CPU backend, summing in fp32 (fp32, bf16 and fp16 inputs;
+repro.kernels.chunked picks it; REPRO_KERNEL=torch turns it off). ctypes releases the GIL during a
+call, so the chunked path's host threads run groups of rows on it in parallel.
 
 The shared library is compiled by the C compiler on the PATH (cc, or $CC) with -O3 -march=native
-into $REPRO_CACHE_DIR (default ~/.cache/repro/kernels), named by the source's and the flags' hash
-and this CPU's model, written atomically (parallel test workers may build it at once). No compiler,
-a failed build or a non-x86/ARM compiler without GCC vector extensions: unavailable(), with the
+into $REPRO_CACHE_DIR (default ~/.cache/repro/kernels), named by a hash of the source, the flags,
+the compiler and this CPU's model and flags (-march=native code must not meet another CPU), written
+atomically (parallel test workers may build it at once). No compiler, or a failed build (a
+compiler without GCC's vector extensions, which GCC and Clang have): unavailable(), with the
 reason, and the chunked path runs its plain PyTorch pieces instead.
 """
 import ctypes
@@ -35,13 +36,13 @@ _LIB: list = []  # [ctypes library or None, why not]
 
 
 def _cpu_model() -> str:
+    """This CPU's model name and feature flags (what -march=native compiles for)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    keep = [next((ln for ln in lines if ln.startswith(key)), "") for key in ("model name", "flags")]
+    return "\n".join(keep) or platform.machine()
 
 
 def _build() -> tuple:
