@@ -124,8 +124,8 @@ def select_backend(q, k, v):
     if q.device.type == "cpu" and q.dtype != torch.float64 and _may_use_threads():  # not while tracing
         if cpu_native.native(q.device, torch.float32):
             return "cpu", "CPU tensors: the fused CPU kernel (sums in fp32)"
-        if cpu_native.unavailable():
-            return "torch", f"the fused CPU kernel is unavailable: {cpu_native.unavailable()}"
+        if why := cpu_native.unavailable():
+            return "torch", f"the fused CPU kernel is unavailable: {why}"
     return "torch", reason
 
 

@@ -1,7 +1,7 @@
 """The one place the kernel backend choice is read: REPRO_KERNEL=torch|cupy|cpu forces one for
 every path (the causal product, the fused attention and the recurrent step); unset, the dispatcher
 (repro.kernels) picks per input. torch: plain PyTorch everywhere (the fused CPU kernel off too);
-cpu: the fused CPU kernel must build (CPU inputs; GPU inputs take the torch path)."""
+cpu: the fused CPU kernel must build and take the inputs (CUDA inputs are an error)."""
 import os
 from contextlib import contextmanager
 
