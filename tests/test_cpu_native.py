@@ -201,17 +201,20 @@ def test_the_forward_keeps_no_chunk_states(calls):
 @pytest.mark.parametrize("feature_map", ["elu", "favor"])
 @pytest.mark.parametrize("need", ["qkv", "q", "kv"])
 def test_the_linear_layer_on_the_fused_kernel(monkeypatch, calls, workspace, padded, feature_map, need):
-    """The causal linear layer in fp32 takes the fused kernel in both of its CPU paths
-    (repro.kernels.blocked: workspace 1 byte puts every row in blocks of one chunk, whose states
-    come from the blocks' sums; 500 kB groups of rows in one pass), against the same layer in
-    float64 (the chunked PyTorch pieces), forward and the gradients that are needed."""
+    """The causal linear layer in fp32 takes the fused kernel in both of repro.kernels.blocked's
+    CPU paths (workspace 1 byte puts every row in blocks of one chunk, whose states come from the
+    blocks' sums; 500 kB groups of rows in one pass), against the same layer in float64 (the
+    chunked PyTorch pieces), forward and the gradients that are needed. Those paths serve the
+    feature maps the fused layer kernel (repro.kernels.cpu_layer: elu + 1) does not compute, and
+    elu + 1 where that kernel declines; here it is turned off."""
     from test_attention import explicit_linear
 
     from repro.attention import LinearAttention
     from repro.attention.performer import FavorFeatureMap
-    from repro.kernels import blocked
+    from repro.kernels import blocked, cpu_layer
 
     monkeypatch.setattr(blocked, "default_workspace", lambda q: workspace)
+    monkeypatch.setattr(cpu_layer, "applies", lambda *a: False)
     torch.manual_seed(5)
     maps = {"elu": None, "favor": lambda d: FavorFeatureMap(d, n_features=6)}
     layer = LinearAttention(d_model=15, n_heads=3, feature_map=maps[feature_map])

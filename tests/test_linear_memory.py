@@ -252,13 +252,17 @@ def test_the_layers_peak_memory_is_sdpas_plus_at_most_one_workspace(n, dtype, ca
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_a_layers_own_workspace_bounds_its_peak_and_changes_no_value(causal):
+def test_a_layers_own_workspace_bounds_its_peak_and_changes_no_value(monkeypatch, causal):
     """LinearAttention(workspace_mb=...) (conf: attention.workspace_mb) in place of the default:
     1 MiB takes the same rows in more groups (and blocks) than 8 MiB; outputs and input gradients
     are the same to rounding, the exact allocator peak is over 2 MiB lower (2.9 measured, causal or
     not), and the default (half of q's 4 MiB here) lies between (d_model 256, 8 heads, N = 1024,
-    batch 4, fp32, 1 thread); a bad value is one line."""
+    batch 4, fp32, 1 thread); a bad value is one line. Causal, repro.kernels.blocked's path (the
+    workspace's) with the fused layer kernel, which holds no workspace, turned off."""
+    from repro.kernels import cpu_layer
     from repro.training.memory import peak_allocated_bytes
+
+    monkeypatch.setattr(cpu_layer, "applies", lambda *a: False)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -51,6 +51,9 @@ class FeatureMap(nn.Module):
     # be overwritten), for maps with such a closed form; 0 where phi is 0 (padded keys). None:
     # autograd through phi (the linear layer's backward, repro.attention.linear).
     grad_from_phi = None
+    # True where the linear layer's fused CPU kernel (repro.kernels.cpu_layer) computes this map
+    # itself, inside the kernel: elu + 1 only.
+    fused_cpu = False
 
     def new_feature_map(self):
         """Redraw any randomness (no-op for deterministic maps)."""
@@ -60,6 +63,7 @@ class EluFeatureMap(FeatureMap):
     """phi(x) = elu(x) + 1, the paper's choice: positive, and the identity's slope for x > 0."""
 
     contiguous_output = True
+    fused_cpu = True
 
     @staticmethod
     def grad_from_phi(phi, grad_phi, out):

@@ -8,14 +8,16 @@ What the layer keeps for backward (docs/attention.md): its own autograd Function
 _RecomputedAttention, keeps only q, k, v (views of the projections' outputs), the output (whose
 storage the output projection keeps too) and 1 / (den + eps), and recomputes phi(Q), phi(K) and
 [v, 1] in its backward, so that the layer keeps no more than SDPA softmax's (x, q, k, v, the
-output and a log-sum-exp). Under create_graph (second derivatives) that backward runs the
+output and a log-sum-exp). Causal fp32 calls with phi = elu + 1 on the CPU run both passes in one
+fused kernel (repro.kernels.cpu_layer), which makes phi and [v, 1] a chunk at a time and holds
+nothing else. Under create_graph (second derivatives) that backward runs the
 differentiable formula instead (_attend_autograd), so the gradients are differentiable in turn.
 """
 import torch
 
 from repro.attention.base import AttentionLayer
 from repro.attention.feature_maps import EluFeatureMap
-from repro.kernels import cupy_for
+from repro.kernels import cpu_layer, cupy_for
 from repro.kernels.blocked import WORKSPACE_BYTES, normalised_backward, normalised_forward
 from repro.kernels.normalised import accumulation_dtype as _acc
 from repro.kernels.normalised import causal_linear_attention
@@ -64,9 +66,13 @@ class _RecomputedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, key_padding_mask, layer):
         acc = _acc(q.dtype)
-        with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here (sums in acc), not by autocast
-            y, inv = normalised_forward(q, k, v, _feature_fns(layer, key_padding_mask, acc)[0], layer.eps, causal,
-                                        acc, layer.workspace)
+        fused = cpu_layer.applies(q, k, v, causal, layer.feature_map)
+        out = cpu_layer.forward(q, k, v, key_padding_mask, layer.eps) if fused else None
+        if out is None:  # elsewhere, or an inf or NaN in k or v: the exact path
+            with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here (sums in acc), not by autocast
+                out = normalised_forward(q, k, v, _feature_fns(layer, key_padding_mask, acc)[0], layer.eps, causal,
+                                         acc, layer.workspace)
+        y, inv = out
         ctx.save_for_backward(q, k, v, y, inv)
         # The mask is the caller's and tiny; a feature map's buffers (Performer's W) are module
         # state, not copied: a redraw before this backward is caught by their versions instead.
@@ -90,9 +96,13 @@ class _RecomputedAttention(torch.autograd.Function):
             grads = iter(torch.autograd.grad(out, inputs, g, create_graph=True))
             return (*(next(grads) if r else None for r in need), None, None, None)
         # Each in the projection's (B, N, H, X) layout, which its backward reads without a copy.
-        with torch.autocast(q.device.type, enabled=False):
-            grads = normalised_backward(q, k, v, y, inv, g, *_feature_fns(layer, ctx.mask, inv.dtype), ctx.causal,
-                                        need, layer.workspace)
+        grads = None
+        if cpu_layer.applies(q, k, v, ctx.causal, layer.feature_map) and g.dtype == torch.float32:
+            grads = cpu_layer.backward(q, k, v, ctx.mask, y, inv, g, need)
+        if grads is None:
+            with torch.autocast(q.device.type, enabled=False):
+                grads = normalised_backward(q, k, v, y, inv, g, *_feature_fns(layer, ctx.mask, inv.dtype),
+                                            ctx.causal, need, layer.workspace)
         return (*grads, None, None, None)
 
 

@@ -1,6 +1,7 @@
 """The linear layer's normalised attention outside autograd, from q, k, v and a feature map, in
 bounded workspace: its autograd Function (repro.attention.linear) keeps only q, k, v, the output
-y and inv = 1 / (den + eps) and recomputes the rest here in its backward.
+y and inv = 1 / (den + eps) and recomputes the rest here in its backward. (Causal fp32 calls with
+phi = elu + 1 on the CPU take repro.kernels.cpu_layer instead, which holds no workspace at all.)
 
     y = num * inv,  [num | den] = phi(Q) [S | Z]  (causal: the sums over j <= i, by the causal product on [v, 1])
 
@@ -158,9 +159,9 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
 
     def finish(idx, gr, phi_q, phi_k, hq, hk):
         for dst, gp, p, hd in zip(grads, gr, (phi_q, phi_k, None), (hq, hk, None)):
-            if dst is None:
+            if dst is None or gp is None:
                 continue
-            if p is None:
+            if dst is grads[2]:
                 dst[idx].copy_(gp[..., :-1])  # grad [v | 1] -> grad v
             else:
                 phi_grad(hd, p, gp, dst[idx])
@@ -171,9 +172,10 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
             phi_q, phi_k, v1, g1, hq, hk = prep(idx)
             if not causal:
                 gr = _global(phi_q, phi_k, v1, g1, need)
+            elif native and _fused_grads(idx, phi_q, phi_k, v1, g1, hq, hk, need, finish):
+                return
             elif q.device.type == "cpu":
-                gr = (_fused_backward(phi_q, phi_k, v1, g1, need) if native else None) or _chunked(
-                    phi_q, phi_k, v1, g1, c, need)
+                gr = _chunked(phi_q, phi_k, v1, g1, c, need)
             else:
                 gr = causal_dot_product_backward(phi_q, phi_k, v1, g1, need)
             del v1, g1
@@ -194,40 +196,64 @@ def _fused_forward(phi_q, phi_k, v1):
     return out if cpu_native.forward(*rows, _rows(out)) else None
 
 
-def _fused_backward(phi_q, phi_k, v1, g1, need, s0=None, r0=None):
-    """grad phi(Q), grad phi(K), grad [v, 1] by the fused CPU kernel (None where `need` says so),
-    from the states before (s0) and after (r0) these tokens; None when a sum is not finite."""
-    grads = [x.new_empty(x.shape) if r else None for x, r in zip((phi_q, phi_k, v1), need)]
-    ok = cpu_native.backward(*(_rows(x).contiguous() for x in (phi_q, phi_k, v1, g1)),
-                             [None if x is None else _rows(x) for x in grads], s0=s0, r0=r0)
-    return grads if ok else None
+def _fused_grads(idx, phi_q, phi_k, v1, g1, hq, hk, need, finish, s0=None, r0=None):
+    """Write these tokens' input gradients (finish) by the fused CPU kernel, from the states before
+    (s0) and after (r0) them; False when a sum is not finite (the exact path then writes every
+    gradient again). Two calls,
+    each one sweep of the kernel (no work repeated): grad phi(K) and grad [v, 1] first, grad v
+    written out and its block freed before grad phi(Q) is made, so that at most two gradient
+    blocks exist beside the four inputs (finish may overwrite phi, which the second call reads,
+    so grad phi(K) waits for it)."""
+    def call(which):
+        sub = tuple(r and w for r, w in zip(need, which))
+        grads = [x.new_empty(x.shape) if r else None for x, r in zip((phi_q, phi_k, v1), sub)]
+        if not any(sub):
+            return grads
+        ok = cpu_native.backward(*(_rows(x).contiguous() for x in (phi_q, phi_k, v1, g1)),
+                                 [None if x is None else _rows(x) for x in grads], s0=s0, r0=r0)
+        return grads if ok else None
+
+    later = call((False, True, True))
+    if later is None:
+        return False
+    if later[2] is not None:
+        finish(idx, (None, None, later[2]), None, None, None, None)
+        later[2] = None
+    first = call((True, False, False))
+    if first is None:  # only grad v is written: the exact path writes every gradient again
+        return False
+    finish(idx, (first[0], later[1], None), phi_q, phi_k, hq, hk)
+    return True
 
 
 def _fused_in_blocks(rows, n, block, prep, finish, need):
     """_in_blocks for the causal case by the fused kernel: first each block's sums phi(K)^T [v, 1]
-    and phi(Q)^T g1 ((F, M + 1) each), whose prefix and suffix sums are the states before and after
-    each block, then each block's gradients from those two states alone. False when a sum is not
-    finite: the chunked pieces' exact path then (it writes every block again)."""
+    and phi(Q)^T g1 ((F, M + 1) each), made in place into the states before (prefix sums) and
+    after (suffix sums) each block, then each block's gradients from those two states alone.
+    False when a sum is not finite: the chunked pieces' exact path then (it writes every block
+    again). Every small buffer is made once per row (a peak measured as resident memory counts
+    the C library's heap, where small tensors live, as well as the large blocks)."""
     spans = [(*rows, slice(t0, min(n, t0 + block))) for t0 in range(0, n, block)]
-    kv, qg = [], []
-    for idx in spans:
+    sums = None
+    for i, idx in enumerate(spans):
         phi_q, phi_k, v1, g1, _, _ = prep(idx, graph=False)  # (1, 1, T, F|M + 1)
-        kv.append(phi_k[0, 0].mT @ v1[0, 0])
-        qg.append(phi_q[0, 0].mT @ g1[0, 0])
-    del phi_q, phi_k, v1, g1
-    kv, qg = torch.stack(kv), torch.stack(qg)  # (blocks, F, M + 1)
-    if not bool(torch.isfinite(kv.sum() + qg.sum())):
+        if sums is None:
+            sums = phi_q.new_empty(2, len(spans), phi_q.shape[-1], v1.shape[-1])  # (2, blocks, F, M + 1)
+        torch.mm(phi_k[0, 0].mT, v1[0, 0], out=sums[0, i])
+        torch.mm(phi_q[0, 0].mT, g1[0, 0], out=sums[1, i])
+        del phi_q, phi_k, v1, g1  # before the next block's are made
+    kv, qg = sums
+    for i in range(1, len(spans)):  # kv[i]: the sum over blocks <= i; qg[i]: over blocks >= i
+        kv[i].add_(kv[i - 1])
+        qg[-1 - i].add_(qg[-i])
+    if not bool(torch.isfinite(kv[-1].sum() + qg[0].sum())):
         return False
-    zero = kv.new_zeros(1, *kv.shape[1:])
-    before = torch.cat([zero, kv[:-1].cumsum(0)])  # S before each block
-    after = torch.cat([qg[1:].flip(0).cumsum(0).flip(0), zero])  # R after each block
     for i, idx in enumerate(spans):
         phi_q, phi_k, v1, g1, hq, hk = prep(idx)
-        gr = _fused_backward(phi_q, phi_k, v1, g1, need, before[i:i + 1], after[i:i + 1])
-        if gr is None:  # an inf or NaN inside a block whose sums cancelled to finite values: rare, and exact below
-            return False
-        del v1, g1
-        finish(idx, gr, phi_q, phi_k, hq, hk)
+        s0, r0 = kv[i - 1:i] if i else None, qg[i + 1:i + 2] if i + 1 < len(spans) else None
+        if not _fused_grads(idx, phi_q, phi_k, v1, g1, hq, hk, need, finish, s0, r0):
+            return False  # an inf or NaN inside a block whose sums cancelled to finite values: rare, and exact below
+        del phi_q, phi_k, v1, g1, hq, hk  # before the next block's are made
     return True
 
 

@@ -1,10 +1,11 @@
 """The fused CPU causal dot product (causal_dot_cpu.c), built on first use and called through
 ctypes: the chunked path's fast CPU backend, summing in fp32 (fp32, bf16 and fp16 inputs;
 repro.kernels.chunked picks it; REPRO_KERNEL=torch turns it off). ctypes releases the GIL during a
-call, so the chunked path's host threads run groups of rows on it in parallel.
+call, so the chunked path's host threads run groups of rows on it in parallel. The same library
+holds the linear layer's fused attention (linear_layer_cpu.c; repro.kernels.cpu_layer).
 
 The shared library is compiled by the C compiler on the PATH (cc, or $CC) with -O3 -march=native
-into $REPRO_CACHE_DIR (default ~/.cache/repro/kernels), named by a hash of the source, the flags,
+into $REPRO_CACHE_DIR (default ~/.cache/repro/kernels), named by a hash of the sources, the flags,
 the compiler and this CPU's model and flags (-march=native code must not meet another CPU), written
 atomically (parallel test workers may build it at once). No compiler, or a failed build (a
 compiler without GCC's vector extensions, which GCC and Clang have): unavailable(), with the
@@ -24,7 +25,10 @@ import torch
 from repro.kernels.backend import forced_backend
 from repro.kernels.threads import _may_use_threads, _run_groups
 
-SOURCE = Path(__file__).with_name("causal_dot_cpu.c")
+# One shared library: the causal product (causal_dot_cpu.c), the linear layer's fused attention
+# (linear_layer_cpu.c, called by repro.kernels.cpu_layer) and the products both are made of.
+SOURCES = [Path(__file__).with_name(n) for n in ("causal_dot_cpu.c", "linear_layer_cpu.c")]
+HEADERS = [Path(__file__).with_name("cpu_blas.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 # The fused kernel's chunk C, measured (1 thread, medians of 7 interleaved rounds, C = 16, 32, 48,
 # 64, 96; rows x N = 8 x 4096 at D = M = 64, 32 x 33, 16 x 16, and 8 x 1024, 128 x 256): 32 is
@@ -49,7 +53,7 @@ def _build() -> tuple:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None, "no C compiler on the PATH (cc, gcc or $CC)"
-    src = SOURCE.read_bytes()
+    src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
     key = hashlib.sha256(src + " ".join(FLAGS).encode() + _cpu_model().encode() + cc.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("REPRO_CACHE_DIR") or Path.home() / ".cache" / "repro" / "kernels")
     lib = cache / f"causal_dot_cpu-{key}.so"
@@ -59,14 +63,15 @@ def _build() -> tuple:
             cache.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=cache)
             os.close(fd)
-            res = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120)
+            res = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
+                                 timeout=120)
             if res.returncode:
                 last = (res.stderr.strip().splitlines() or ["?"])[-1]
-                return None, f"{Path(cc).name} failed on {SOURCE.name}: {last}"
+                return None, f"{Path(cc).name} failed on {', '.join(f.name for f in SOURCES)}: {last}"
             os.replace(tmp, lib)  # atomic: a concurrent builder's identical file may land first
             tmp = None
         except (OSError, subprocess.SubprocessError) as err:
-            return None, f"building {SOURCE.name} with {cc} failed: {type(err).__name__}: {err}"
+            return None, f"building {SOURCES[0].stem} with {cc} failed: {type(err).__name__}: {err}"
         finally:
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
@@ -77,8 +82,19 @@ def _build() -> tuple:
     ptr, i, l = ctypes.c_void_p, ctypes.c_int, ctypes.c_long  # noqa: E741
     dll.causal_dot_forward.argtypes = [l, i, i, i, i, ptr, ptr, ptr, ptr, ptr]
     dll.causal_dot_backward.argtypes = [l, i, i, i, i, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+    view, f = ctypes.POINTER(View), ctypes.c_float
+    dll.linear_elu_forward.argtypes = [l, l, i, i, i, i, i, f, view, view, view, ptr, l, view, ptr]
+    dll.linear_elu_backward.argtypes = [l, l, i, i, i, i, i, view, view, view, ptr, l, view, ptr, view, view, view,
+                                        view]
     dll.causal_dot_forward.restype = dll.causal_dot_backward.restype = i
+    dll.linear_elu_forward.restype = dll.linear_elu_backward.restype = i
     return dll, None
+
+
+class View(ctypes.Structure):
+    """linear_layer_cpu.c's `view`: a strided fp32 (B, H, N, X) tensor, strides in elements."""
+    _fields_ = [("p", ctypes.c_void_p), ("sb", ctypes.c_long), ("sh", ctypes.c_long), ("sn", ctypes.c_long),
+                ("sj", ctypes.c_long)]
 
 
 def library():
