@@ -74,10 +74,10 @@ def test_against_the_float64_formula(shape, padded, need):
 
 def test_other_layouts_a_broadcast_gradient_and_threads():
     """Contiguous (B, H, N, X) inputs, a feature stride of 2 (k, the saved y), the upstream
-    gradient of out.sum() (stride 0 everywhere), and two threads (one group of rows each): the
-    same values."""
+    gradient of out.sum() (stride 0 everywhere), and two threads (one group of rows each, the
+    kernel's runs of heads cut inside a sequence): the same values."""
     gen = torch.Generator().manual_seed(3)
-    b, n, h, d, m = 2, 45, 3, 6, 5
+    b, n, h, d, m = 3, 45, 3, 6, 5  # 9 rows: two threads split the second sequence's heads
     q = torch.randn(b, h, n, d, dtype=torch.float64, generator=gen)
     kf = torch.randn(b, h, n, 2 * d, generator=gen)[..., ::2]  # fp32, feature stride 2
     k = kf.double()

@@ -90,12 +90,25 @@ typedef struct {
     long mask_sb;
     const float *inv;
     int heads, n, d, m;
+    long ahead; /* tokens from a chunk to the next one the sweep reads (C, or -C in reverse) */
 } layer;
+
+/* Ask for the rows the sweep reads next (`ahead` tokens on): in the projections' layout a row of
+ * one head is 1/H of each token's span, so the reads stride across pages, where the hardware
+ * prefetchers stop; without this, the loads waited on memory for longer than the products took. */
+static void prefetch(const float *p, long sn, long sj, int rows, int cols, long ahead) {
+    if (sj != 1)
+        return;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j += 16)
+            __builtin_prefetch(p + (i + ahead) * sn + j);
+}
 
 static const float *at(const view *x, long b, long h, long t) { return x->p + b * x->sb + h * x->sh + t * x->sn; }
 
 static void load_phi(const layer *L, const view *x, long b, long h, long t0, int cc, float *dst, float *dphi,
                      int key) {
+    prefetch(at(x, b, h, t0), x->sn, x->sj, cc, L->d, L->ahead);
     gather(at(x, b, h, t0), x->sn, x->sj, cc, L->d, dst, L->d);
     phi_inplace(dst, (long)cc * L->d, dphi);
     if (key && L->mask)
@@ -109,6 +122,7 @@ static void load_phi(const layer *L, const view *x, long b, long h, long t0, int
 
 static void load_v1(const layer *L, long b, long h, long t0, int cc, float *dst) {
     int m1 = L->m + 1;
+    prefetch(at(&L->v, b, h, t0), L->v.sn, L->v.sj, cc, L->m, L->ahead);
     gather(at(&L->v, b, h, t0), L->v.sn, L->v.sj, cc, L->m, dst, m1);
     for (int i = 0; i < cc; i++)
         dst[(long)i * m1 + L->m] = 1.0f;
@@ -117,28 +131,52 @@ static void load_v1(const layer *L, long b, long h, long t0, int cc, float *dst)
 static void load_g1(const layer *L, long b, long h, long t0, int cc, float *dst) {
     int m = L->m, m1 = m + 1;
     const float *inv = L->inv + (b * L->heads + h) * L->n + t0;
-    gather(at(&L->g, b, h, t0), L->g.sn, L->g.sj, cc, m, dst, m1);
+    prefetch(at(&L->g, b, h, t0), L->g.sn, L->g.sj, cc, m, L->ahead);
+    prefetch(at(&L->y, b, h, t0), L->y.sn, L->y.sj, cc, m, L->ahead);
     for (int i = 0; i < cc; i++) {
-        const float *y = at(&L->y, b, h, t0 + i);
-        float *o = dst + (long)i * m1, s = 0.0f;
-        for (int j = 0; j < m; j++) {
-            o[j] *= inv[i];
+        const float *g = at(&L->g, b, h, t0 + i), *y = at(&L->y, b, h, t0 + i);
+        float *o = dst + (long)i * m1, s = 0.0f, iv = inv[i];
+        int j = 0;
+        if (L->g.sj == 1 && L->y.sj == 1) { /* the usual layout: 8 lanes, their sums added at the end */
+            v8 acc = {0};
+            for (; j + 8 <= m; j += 8) {
+                v8 t = LD(g + j) * iv;
+                ST(o + j, t);
+                acc += t * LD(y + j);
+            }
+            for (int w = 0; w < 8; w++)
+                s += acc[w];
+        }
+        for (; j < m; j++) {
+            o[j] = g[j * L->g.sj] * iv;
             s += o[j] * y[j * L->y.sj];
         }
         o[m] = -s;
     }
 }
 
-/* dst[i, j] (a strided view's rows t0 ..) = src[i, j] (* scale[i, j] where scale is not NULL) */
-static void scatter(const float *src, int ld, const float *scale, int rows, int cols, const view *x, long b,
-                    long h, long t0) {
+/* Row i of a strided view's rows t0 .. = src[i, :cols] * c[i] (c NULL: 1) * f[i, :] (f NULL: 1) */
+static void scatter(const float *src, int ld, const float *c, const float *f, int rows, int cols, const view *x,
+                    long b, long h, long t0) {
     for (int i = 0; i < rows; i++) {
-        float *o = x->p + b * x->sb + h * x->sh + (t0 + i) * x->sn;
-        const float *s = src + (long)i * ld, *f = scale ? scale + (long)i * cols : 0;
-        for (int j = 0; j < cols; j++)
-            o[j * x->sj] = f ? s[j] * f[j] : s[j];
+        float *o = x->p + b * x->sb + h * x->sh + (t0 + i) * x->sn, ci = c ? c[i] : 1.0f;
+        const float *s = src + (long)i * ld, *fi = f ? f + (long)i * cols : 0;
+        int j = 0;
+        if (x->sj == 1)
+            for (; j + 8 <= cols; j += 8)
+                ST(o + j, fi ? LD(s + j) * ci * LD(fi + j) : LD(s + j) * ci);
+        for (; j < cols; j++)
+            o[j * x->sj] = fi ? s[j] * ci * fi[j] : s[j] * ci;
     }
 }
+
+/* The rows [r0, r1) as runs of heads [h0, h1) of one batch element b: a run goes chunk by chunk,
+ * every head of it within the chunk (one state per head), so that each chunk reads the
+ * projections' tokens as contiguous slabs of its heads rather than 1/H of a token per row. */
+#define FOR_RUNS(r0, r1, heads)                                                                        \
+    for (long r_ = r0, b, h0, h1; r_ < r1 && (b = r_ / heads, h0 = r_ % heads,                        \
+                                              h1 = heads < h0 + (r1 - r_) ? heads : h0 + (r1 - r_), 1); \
+         r_ += h1 - h0)
 
 /* y (B, H, N, M) = num * inv, inv = 1 / (den + eps), [num | den]_i = phi(q_i)^T sum_{j <= i} phi(k_j) [v_j, 1]^T */
 int linear_elu_forward(long r0, long r1, int heads, int n, int d, int m, int c, float eps, const view *q,
@@ -146,36 +184,35 @@ int linear_elu_forward(long r0, long r1, int heads, int n, int d, int m, int c, 
                        float *inv) {
     int m1 = m + 1;
     long dm = (long)d * m1;
-    float *ws = malloc(sizeof(float) * (2L * c * d + 2L * c * m1 + (long)d * c + (long)c * c + 2 * dm));
+    float *ws = malloc(sizeof(float) * (2L * c * d + 2L * c * m1 + (long)d * c + (long)c * c + (heads + 1L) * dm));
     if (!ws)
         return -1;
     float *qc = ws, *kc = qc + c * d, *vc = kc + c * d, *oc = vc + c * m1, *kt = oc + c * m1, *a = kt + d * c,
-          *S = a + c * c, *kv = S + dm;
-    layer L = {*q, *k, *v, *y, *y, mask, mask_sb, inv, heads, n, d, m};
+          *kv = a + c * c, *states = kv + dm;
+    layer L = {*q, *k, *v, *y, *y, mask, mask_sb, inv, heads, n, d, m, c};
     int bad = 0;
-    for (long r = r0; r < r1; r++) {
-        long b = r / heads, h = r % heads;
-        memset(S, 0, sizeof(float) * dm);
+    FOR_RUNS(r0, r1, heads) {
+        memset(states, 0, sizeof(float) * dm * (h1 - h0));
         for (long t0 = 0; t0 < n; t0 += c) {
             int cc = n - t0 < c ? (int)(n - t0) : c;
-            load_phi(&L, q, b, h, t0, cc, qc, 0, 0);
-            load_phi(&L, k, b, h, t0, cc, kc, 0, 1);
-            load_v1(&L, b, h, t0, cc, vc);
-            transpose(kc, cc, d, kt);                       /* (D, cc) */
-            gemm(cc, cc, d, qc, d, 1, kt, cc, a, cc, NLOW); /* a = phi(q) phi(k)^T, j <= i */
-            tril(a, cc);
-            gemm2(cc, m1, P(qc, d, 1, S, m1, d), P(a, cc, 1, vc, m1, cc), oc, m1, KLOW); /* phi(q) S + a [v, 1] */
-            gemm(d, m1, cc, kc, 1, d, vc, m1, kv, m1, 0);   /* S += phi(k)^T [v, 1] */
-            add_into(S, kv, dm);
-            float *iv = inv + r * n + t0;
-            for (int i = 0; i < cc; i++) {
-                iv[i] = 1.0f / (oc[(long)i * m1 + m] + eps);
-                for (int j = 0; j < m; j++)
-                    oc[(long)i * m1 + j] *= iv[i];
+            for (long h = h0; h < h1; h++) {
+                float *S = states + (h - h0) * dm;
+                load_phi(&L, q, b, h, t0, cc, qc, 0, 0);
+                load_phi(&L, k, b, h, t0, cc, kc, 0, 1);
+                load_v1(&L, b, h, t0, cc, vc);
+                transpose(kc, cc, d, kt);                       /* (D, cc) */
+                gemm(cc, cc, d, qc, d, 1, kt, cc, a, cc, NLOW); /* a = phi(q) phi(k)^T, j <= i */
+                tril(a, cc);
+                gemm2(cc, m1, P(qc, d, 1, S, m1, d), P(a, cc, 1, vc, m1, cc), oc, m1, KLOW); /* phi(q) S + a [v, 1] */
+                gemm(d, m1, cc, kc, 1, d, vc, m1, kv, m1, 0);   /* S += phi(k)^T [v, 1] */
+                add_into(S, kv, dm);
+                float *iv = inv + (b * heads + h) * n + t0;
+                for (int i = 0; i < cc; i++)
+                    iv[i] = 1.0f / (oc[(long)i * m1 + m] + eps);
+                scatter(oc, m1, iv, 0, cc, m, y, b, h, t0);
             }
-            scatter(oc, m1, 0, cc, m, y, b, h, t0);
         }
-        bad |= !all_finite(S, dm);
+        bad |= !all_finite(states, dm * (h1 - h0));
     }
     free(ws);
     return bad;
@@ -192,61 +229,70 @@ int linear_elu_backward(long r0, long r1, int heads, int n, int d, int m, int c,
                         const view *g, const view *gq, const view *gk, const view *gv) {
     int m1 = m + 1, w = d > m1 ? d : m1;
     long dm = (long)d * m1;
-    float *ws = malloc(sizeof(float) * (3L * c * d + 2L * c * m1 + (long)w * c + 2L * c * c + (long)c * w + 3 * dm));
+    float *ws = malloc(sizeof(float) * (3L * c * d + 2L * c * m1 + (long)w * c + 2L * c * c + (long)c * w +
+                                        (heads + 2L) * dm));
     if (!ws)
         return -1;
     float *qc = ws, *kc = qc + c * d, *dx = kc + c * d, *vc = dx + c * d, *gc = vc + c * m1, *xt = gc + c * m1,
-          *a = xt + w * c, *p = a + c * c, *out = p + c * c, *R = out + c * w, *rt = R + dm, *tmp = rt + dm;
-    layer L = {*q, *k, *v, *y, *g, mask, mask_sb, inv, heads, n, d, m};
+          *a = xt + w * c, *p = a + c * c, *out = p + c * c, *rt = out + c * w, *tmp = rt + dm, *states = tmp + dm;
+    layer L = {*q, *k, *v, *y, *g, mask, mask_sb, inv, heads, n, d, m, c};
     int bad = 0;
-    for (long r = r0; r < r1; r++) {
-        long b = r / heads, h = r % heads;
-        if (gq) { /* forward sweep: rt holds S^T (M + 1, D) before the chunk */
-            memset(rt, 0, sizeof(float) * dm);
+    FOR_RUNS(r0, r1, heads) {
+        long runs = (h1 - h0) * dm;
+        if (gq) { /* forward sweep: each head's state holds S^T (M + 1, D) before the chunk */
+            L.ahead = c;
+            memset(states, 0, sizeof(float) * runs);
             for (long t0 = 0; t0 < n; t0 += c) {
                 int cc = n - t0 < c ? (int)(n - t0) : c;
-                load_phi(&L, k, b, h, t0, cc, kc, 0, 1);
-                load_v1(&L, b, h, t0, cc, vc);
-                load_g1(&L, b, h, t0, cc, gc);
-                transpose(vc, cc, m1, xt);                        /* (M + 1, cc) */
-                gemm(cc, cc, m1, gc, m1, 1, xt, cc, a, cc, NLOW); /* a = g1 v1^T, j <= i */
-                tril(a, cc);
-                gemm2(cc, d, P(gc, m1, 1, rt, d, m1), P(a, cc, 1, kc, d, cc), out, d, KLOW); /* g1 S^T + a phi(k) */
-                load_phi(&L, q, b, h, t0, cc, qc, dx, 0);
-                scatter(out, d, dx, cc, d, gq, b, h, t0);
-                gemm(m1, d, cc, vc, 1, m1, kc, d, tmp, d, 0);     /* S^T += v1^T phi(k) */
-                add_into(rt, tmp, dm);
+                for (long h = h0; h < h1; h++) {
+                    float *St = states + (h - h0) * dm;
+                    load_phi(&L, k, b, h, t0, cc, kc, 0, 1);
+                    load_v1(&L, b, h, t0, cc, vc);
+                    load_g1(&L, b, h, t0, cc, gc);
+                    transpose(vc, cc, m1, xt);                        /* (M + 1, cc) */
+                    gemm(cc, cc, m1, gc, m1, 1, xt, cc, a, cc, NLOW); /* a = g1 v1^T, j <= i */
+                    tril(a, cc);
+                    gemm2(cc, d, P(gc, m1, 1, St, d, m1), P(a, cc, 1, kc, d, cc), out, d, KLOW); /* g1 S^T + a phi(k) */
+                    load_phi(&L, q, b, h, t0, cc, qc, dx, 0);
+                    scatter(out, d, 0, dx, cc, d, gq, b, h, t0);
+                    gemm(m1, d, cc, vc, 1, m1, kc, d, tmp, d, 0);     /* S^T += v1^T phi(k) */
+                    add_into(St, tmp, dm);
+                }
             }
-            bad |= !all_finite(rt, dm);
+            bad |= !all_finite(states, runs);
         }
         if (!gk && !gv)
             continue;
-        memset(R, 0, sizeof(float) * dm);
-        for (long t0 = (n - 1) / c * (long)c; t0 >= 0; t0 -= c) { /* reverse sweep: R after the chunk */
+        L.ahead = -c;
+        memset(states, 0, sizeof(float) * runs);
+        for (long t0 = (n - 1) / c * (long)c; t0 >= 0; t0 -= c) { /* reverse sweep: each head's R after the chunk */
             int cc = n - t0 < c ? (int)(n - t0) : c;
-            load_phi(&L, q, b, h, t0, cc, qc, 0, 0);
-            load_phi(&L, k, b, h, t0, cc, kc, dx, 1);
-            load_v1(&L, b, h, t0, cc, vc);
-            load_g1(&L, b, h, t0, cc, gc);
-            if (gk) {
-                transpose(vc, cc, m1, xt);                        /* (M + 1, cc) */
-                gemm(cc, cc, m1, gc, m1, 1, xt, cc, a, cc, NLOW); /* a = g1 v1^T, j <= i */
-                tril(a, cc);
-                transpose(R, d, m1, rt);                          /* (M + 1, D) */
-                gemm2(cc, d, P(vc, m1, 1, rt, d, m1), P(a, 1, cc, qc, d, cc), out, d, KUP); /* v1 R^T + a^T phi(q) */
-                scatter(out, d, dx, cc, d, gk, b, h, t0);
+            for (long h = h0; h < h1; h++) {
+                float *R = states + (h - h0) * dm;
+                load_phi(&L, q, b, h, t0, cc, qc, 0, 0);
+                load_phi(&L, k, b, h, t0, cc, kc, dx, 1);
+                load_v1(&L, b, h, t0, cc, vc);
+                load_g1(&L, b, h, t0, cc, gc);
+                if (gk) {
+                    transpose(vc, cc, m1, xt);                        /* (M + 1, cc) */
+                    gemm(cc, cc, m1, gc, m1, 1, xt, cc, a, cc, NLOW); /* a = g1 v1^T, j <= i */
+                    tril(a, cc);
+                    transpose(R, d, m1, rt);                          /* (M + 1, D) */
+                    gemm2(cc, d, P(vc, m1, 1, rt, d, m1), P(a, 1, cc, qc, d, cc), out, d, KUP); /* v1 R^T + a^T phi(q) */
+                    scatter(out, d, 0, dx, cc, d, gk, b, h, t0);
+                }
+                if (gv) {
+                    transpose(kc, cc, d, xt);                         /* (D, cc) */
+                    gemm(cc, cc, d, qc, d, 1, xt, cc, p, cc, NLOW);   /* p = phi(q) phi(k)^T, j <= i */
+                    tril(p, cc);
+                    gemm2(cc, m1, P(kc, d, 1, R, m1, d), P(p, 1, cc, gc, m1, cc), out, m1, KUP); /* phi(k) R + p^T g1 */
+                    scatter(out, m1, 0, 0, cc, m, gv, b, h, t0);
+                }
+                gemm(d, m1, cc, qc, 1, d, gc, m1, tmp, m1, 0);        /* R += phi(q)^T g1 */
+                add_into(R, tmp, dm);
             }
-            if (gv) {
-                transpose(kc, cc, d, xt);                         /* (D, cc) */
-                gemm(cc, cc, d, qc, d, 1, xt, cc, p, cc, NLOW);   /* p = phi(q) phi(k)^T, j <= i */
-                tril(p, cc);
-                gemm2(cc, m1, P(kc, d, 1, R, m1, d), P(p, 1, cc, gc, m1, cc), out, m1, KUP); /* phi(k) R + p^T g1 */
-                scatter(out, m1, 0, cc, m, gv, b, h, t0);
-            }
-            gemm(d, m1, cc, qc, 1, d, gc, m1, tmp, m1, 0);        /* R += phi(q)^T g1 */
-            add_into(R, tmp, dm);
         }
-        bad |= !all_finite(R, dm);
+        bad |= !all_finite(states, runs);
     }
     free(ws);
     return bad;
