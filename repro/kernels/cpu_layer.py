@@ -58,7 +58,8 @@ def forward(q, k, v, key_padding_mask, eps: float, c: int = CHUNK):
     yv, lib, ok = _view(y, "y", (b, h, n, m)), cpu_native.library(), []
     refs = [ctypes.byref(x) for x in (*views, yv)]
     _run_groups(lambda s: ok.append(_check(lib.linear_elu_forward(
-        s.start, s.stop, h, n, d, m, c, eps, *refs[:3], mask, mask_sb, refs[3], inv.data_ptr()))), _groups(b * h))
+        s.start, min(s.stop, b * h), h, n, d, m, c, eps, *refs[:3], mask, mask_sb, refs[3], inv.data_ptr()))),
+        _groups(b * h))
     return (y, inv) if all(ok) else None
 
 
@@ -80,6 +81,6 @@ def backward(q, k, v, key_padding_mask, y, inv, g, need=(True, True, True), c: i
     out = [None if t is None else ctypes.byref(_view(t, "grad", tuple(t.shape))) for t in grads]
     lib, ok, refs = cpu_native.library(), [], [ctypes.byref(x) for x in views]
     _run_groups(lambda s: ok.append(_check(lib.linear_elu_backward(
-        s.start, s.stop, h, n, d, m, c, *refs[:3], mask, mask_sb, refs[3], inv.data_ptr(), refs[4], *out))),
+        s.start, min(s.stop, b * h), h, n, d, m, c, *refs[:3], mask, mask_sb, refs[3], inv.data_ptr(), refs[4], *out))),
         _groups(b * h))
     return grads if all(ok) else None
