@@ -45,6 +45,20 @@ static inline v8 exp_neg(v8 x) {
     return p * (v8)e;
 }
 
+/* This thread's scratch of at least n floats, kept between calls (as a BLAS keeps its own): a
+ * block per call would come from mmap (over glibc's threshold) and be faulted in afresh each time,
+ * which costs time and shows in a resident-memory peak. Freed only with the process. */
+static float *scratch(long n) {
+    static __thread float *buf;
+    static __thread long cap;
+    if (n > cap) {
+        free(buf);
+        buf = malloc(sizeof(float) * n);
+        cap = buf ? n : 0;
+    }
+    return buf;
+}
+
 /* rows x cols values of src (token stride sn, feature stride sj) into dst (rows apart by ld) */
 static void gather(const float *src, long sn, long sj, int rows, int cols, float *dst, int ld) {
     for (int i = 0; i < rows; i++) {
@@ -184,7 +198,7 @@ int linear_elu_forward(long r0, long r1, int heads, int n, int d, int m, int c, 
                        float *inv) {
     int m1 = m + 1;
     long dm = (long)d * m1;
-    float *ws = malloc(sizeof(float) * (2L * c * d + 2L * c * m1 + (long)d * c + (long)c * c + (heads + 1L) * dm));
+    float *ws = scratch(2L * c * d + 2L * c * m1 + (long)d * c + (long)c * c + (heads + 1L) * dm);
     if (!ws)
         return -1;
     float *qc = ws, *kc = qc + c * d, *vc = kc + c * d, *oc = vc + c * m1, *kt = oc + c * m1, *a = kt + d * c,
@@ -214,7 +228,6 @@ int linear_elu_forward(long r0, long r1, int heads, int n, int d, int m, int c, 
         }
         bad |= !all_finite(states, dm * (h1 - h0));
     }
-    free(ws);
     return bad;
 }
 
@@ -229,8 +242,7 @@ int linear_elu_backward(long r0, long r1, int heads, int n, int d, int m, int c,
                         const view *g, const view *gq, const view *gk, const view *gv) {
     int m1 = m + 1, w = d > m1 ? d : m1;
     long dm = (long)d * m1;
-    float *ws = malloc(sizeof(float) * (3L * c * d + 2L * c * m1 + (long)w * c + 2L * c * c + (long)c * w +
-                                        (heads + 2L) * dm));
+    float *ws = scratch(3L * c * d + 2L * c * m1 + (long)w * c + 2L * c * c + (long)c * w + (heads + 2L) * dm);
     if (!ws)
         return -1;
     float *qc = ws, *kc = qc + c * d, *dx = kc + c * d, *vc = dx + c * d, *gc = vc + c * m1, *xt = gc + c * m1,
@@ -294,6 +306,5 @@ int linear_elu_backward(long r0, long r1, int heads, int n, int d, int m, int c,
         }
         bad |= !all_finite(states, runs);
     }
-    free(ws);
     return bad;
 }
