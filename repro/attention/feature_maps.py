@@ -52,7 +52,7 @@ class FeatureMap(nn.Module):
     # autograd through phi (the linear layer's backward, repro.attention.linear).
     grad_from_phi = None
     # True where the linear layer's fused CPU kernel (repro.kernels.cpu_layer) computes this map
-    # itself, inside the kernel: elu + 1 only.
+    # itself, inside the kernel: elu + 1 only (a subclass that changes forward must set it False).
     fused_cpu = False
 
     def new_feature_map(self):

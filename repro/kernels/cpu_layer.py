@@ -3,13 +3,14 @@ cpu_native's library): y and inv = 1 / (den + eps) straight from the projections
 the gradients of q, k, v straight from the saved q, k, v, y, inv and the upstream gradient.
 
 phi(Q), phi(K), [v, 1] and the upstream gradient's [g inv | -sum g inv y] exist a chunk at a time
-inside the kernel (a few KiB per thread), so the layer holds nothing beside its inputs and outputs:
-its training step peaks below SDPA softmax's at every length (repro.attention.linear keeps the same
-five tensors for backward either way). repro.kernels.blocked does the same work for any feature
-map, in bounded workspace.
+inside the kernel (its scratch: a chunk's buffers and one state per head, a few dozen KiB per
+thread, kept between calls), so the layer holds nothing beside its inputs and outputs: one
+layer's forward + backward peaks below SDPA softmax's at every length measured (docs/attention.md;
+repro.attention.linear keeps the same five tensors for backward either way).
+repro.kernels.blocked does the same work for any feature map, in bounded workspace.
 
-Both return None where the kernel does not apply (applies() is False) or a row's sum is not finite
-(an inf or NaN in the inputs): the caller then takes repro.kernels.blocked's exact path.
+applies() says where the layer calls these. Both return None when a row's sum is not finite (an
+inf or NaN in the inputs): the caller then takes repro.kernels.blocked's exact path.
 """
 import ctypes
 
