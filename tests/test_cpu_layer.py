@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_attention import explicit_linear
+from test_linear_memory import layer_peaks
 
-from repro.attention import LinearAttention, SoftmaxAttention
+from repro.attention import LinearAttention
 from repro.attention.feature_maps import ReluFeatureMap
 from repro.kernels import cpu_layer, cpu_native
 
@@ -183,21 +184,6 @@ def test_the_layers_peak_is_below_sdpa_softmaxs(n):
     4096 / N, fp32, causal, one thread), the exact peak of torch's allocator: the fused layer at or
     below SDPA softmax's at every N (36.38 against 37.38 MiB at N = 4,096, 36.4 against 36.5 at
     256), where repro.kernels.blocked's groups of rows held 0.4-1.3 MiB above it."""
-    from repro.training.memory import peak_allocated_bytes
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        peaks = []
-        for cls in (SoftmaxAttention, LinearAttention):
-            torch.manual_seed(0)
-            layer = cls(256, 8)
-            x = torch.randn(4096 // n, n, 256, requires_grad=True)
-            g = torch.randn_like(x)
-            layer(x, causal=True).backward(g)  # warm: lazy initialisation is not the layer's
-            peaks.append(peak_allocated_bytes(lambda f, x, g: f(x, causal=True).backward(g), layer, x, g)[0])
-    finally:
-        torch.set_num_threads(threads)
-    sdpa, linear = peaks
-    assert sdpa > 8 * x.numel() * 4  # the count sees the pass: q, k, v, y, grads
+    sdpa, linear = layer_peaks(n, torch.float32, True)
+    assert sdpa > 8 * 4096 * 256 * 4  # the count sees the pass: q, k, v, y, grads
     assert linear <= sdpa, f"linear {linear / 2**20:.3f} MiB, SDPA {sdpa / 2**20:.3f} MiB"
