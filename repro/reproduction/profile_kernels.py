@@ -1,0 +1,158 @@
+"""Where the CUDA causal product's time goes, for the work on its speed (the GPU issue's Part 3):
+
+    python -m repro.reproduction.profile_kernels --out-dir results/gpu/<device>/profile
+
+At B = H = 8, D = M = 64 (the benchmark's point), for fp32 and bf16 and each N, the forward and
+the forward + backward of repro.kernels.cupy_backend.causal_dot_product run under
+torch.profiler, which sees every kernel on the device (CuPy's launches too): kernels.csv gets
+each kernel's device time per call and its share of the pass. host.csv gets the host's time per
+call of a tiny problem (B = H = 1, N = 64), where the GPU's work is a few microseconds, so the
+wall time is the launch path's own overhead. With Nsight Compute (`ncu`) on the PATH, --ncu also
+writes its details page (speed of light, occupancy, warp stalls, memory) for the bf16 forward at
+N = 16k to ncu_fwd_bf16.csv. Needs a CUDA GPU, torch and CuPy (no Hydra).
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+
+from repro.common.results import atomic_write, provenance, rows_to_csv
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def inputs(b, h, n, d, m, dtype, device, grad=False):
+    """phi(q), phi(k) (elu + 1 features, as the linear attention feeds them), v and an upstream g."""
+    g = torch.Generator(device=device).manual_seed(n)
+    q, k = (torch.nn.functional.elu(torch.randn(b, h, n, d, device=device, generator=g)).add(1).to(dtype)
+            for _ in range(2))
+    v, up = (torch.randn(b, h, n, m, device=device, generator=g).to(dtype) for _ in range(2))
+    return [x.requires_grad_(grad) for x in (q, k, v)], up
+
+
+def kernel_shares(events, calls: int) -> list[dict]:
+    """profiler key averages -> one row per device kernel: us per call of the pass and share of
+    the pass's device time (largest first). Events without device time (host ops) are left out."""
+    kernels = []
+    for e in events:
+        total = getattr(e, "device_time_total", None)
+        if total is None:
+            total = getattr(e, "cuda_time_total", 0)
+        if total and str(getattr(e, "device_type", "")).endswith("CUDA"):
+            kernels.append((e.key, total, e.count))
+    whole = sum(t for _, t, _ in kernels) or 1.0
+    return [{"kernel": name[:160], "us_per_call": total / calls, "launches_per_call": count / calls,
+             "share": total / whole} for name, total, count in sorted(kernels, key=lambda x: -x[1])]
+
+
+def the_pass(op, q, k, v, up, backward: bool):
+    """One call of the pass: op's forward, and with backward its three gradients."""
+    def fn():
+        out = op(q, k, v)
+        if backward:
+            torch.autograd.grad(out, (q, k, v), up)
+    return fn
+
+
+def profile_pass(fn, calls: int):
+    """Device time of `calls` calls of fn by kernel (after two warm calls: compiles, caches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return kernel_shares(prof.key_averages(), calls)
+
+
+def host_us_per_call(fn, calls: int = 200) -> float:
+    """Wall time per call of a problem whose GPU work is tiny: the host's launch path."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def run_ncu(out_dir, n: int, timeout_s: float) -> str:
+    """Nsight Compute's details page for the bf16 forward's kernels at N = n; what happened, in words."""
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return "ncu is not on PATH"
+    cmd = [ncu, "--csv", "--page", "details", "--kernel-name", "regex:cdp_", "--launch-skip", "3",
+           "--launch-count", "3", *[a for s in ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
+                                              "MemoryWorkloadAnalysis", "SchedulerStats") for a in ("--section", s)],
+           sys.executable, "-m", "repro.reproduction.profile_kernels", "--target", str(n)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"ncu passed its {timeout_s:.0f} s"
+    atomic_write(os.path.join(out_dir, "ncu_fwd_bf16.csv"), res.stdout + ("\n# stderr:\n" + res.stderr[-4000:]))
+    return f"ncu exit {res.returncode}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", default=None, help="kernels.csv and host.csv (default results/profile/<device>)")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--ncu", action="store_true", help="also Nsight Compute's details for the bf16 forward at 16k")
+    ap.add_argument("--ncu-timeout-s", type=float, default=90.0)
+    ap.add_argument("--target", type=int, default=None, help=argparse.SUPPRESS)  # the process ncu profiles
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_kernels: needs a CUDA device (none is visible)", file=sys.stderr)
+        return 2
+    from repro.kernels import cupy_backend
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    if args.target is not None:  # under ncu: a few forward launches, nothing written
+        (q, k, v), _ = inputs(8, 8, args.target, 64, 64, torch.bfloat16, device)
+        for _ in range(6):
+            cupy_backend.causal_dot_product(q, k, v)
+        torch.cuda.synchronize()
+        return 0
+    base = provenance(device)
+    out_dir = args.out_dir or os.path.join("results", "profile", base["device"].replace(" ", "_"))
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for dtype_name in args.dtypes:
+        for n in args.lengths:
+            for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
+                (q, k, v), up = inputs(8, 8, n, 64, 64, DTYPES[dtype_name], device, grad)
+                fn = the_pass(cupy_backend.causal_dot_product, q, k, v, up, grad)
+                for r in profile_pass(fn, args.calls):
+                    rows.append({**base, "task": "kernels.profile", "pass": pass_name, "dtype": dtype_name,
+                                 "batch": 8, "heads": 8, "n": n, "d": 64, "m": 64, **r})
+                    print(f"{dtype_name} N={n:6d} {pass_name:7s} {r['us_per_call']:9.1f} us "
+                          f"{100 * r['share']:5.1f}%  {r['kernel'][:70]}", flush=True)
+                del q, k, v, up, fn
+                torch.cuda.empty_cache()
+    atomic_write(os.path.join(out_dir, "kernels.csv"), rows_to_csv(rows))
+    host = []
+    for dtype_name in args.dtypes:
+        for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
+            (q, k, v), up = inputs(1, 1, 64, 64, 64, DTYPES[dtype_name], device, grad)
+            us = host_us_per_call(the_pass(cupy_backend.causal_dot_product, q, k, v, up, grad))
+            host.append({**base, "task": "kernels.host", "pass": pass_name, "dtype": dtype_name, "batch": 1,
+                         "heads": 1, "n": 64, "d": 64, "m": 64, "host_us_per_call": us})
+            print(f"host: {dtype_name} {pass_name}: {us:.1f} us per call (B = H = 1, N = 64)", flush=True)
+    atomic_write(os.path.join(out_dir, "host.csv"), rows_to_csv(host))
+    if args.ncu:
+        print(run_ncu(out_dir, 16384, args.ncu_timeout_s), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

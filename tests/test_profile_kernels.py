@@ -1,0 +1,52 @@
+"""repro.reproduction.profile_kernels on a CPU: the kernel table from profiler events, the inputs,
+and a one-line refusal without a GPU (the profile itself runs on a lent GPU)."""
+from types import SimpleNamespace
+
+import torch
+
+from repro.reproduction import profile_kernels
+
+
+def _event(key, device_type, total, count):
+    return SimpleNamespace(key=key, device_type=device_type, device_time_total=total, count=count)
+
+
+def test_kernel_shares_keeps_device_kernels_per_call_largest_first():
+    events = [_event("aten::empty", torch.autograd.DeviceType.CPU, 0, 40),
+              _event("cdp_chunks_tc<__nv_bfloat16,false,false>", torch.autograd.DeviceType.CUDA, 300.0, 10),
+              _event("cdp_scan_states", torch.autograd.DeviceType.CUDA, 20.0, 10),
+              _event("cdp_group_states_tc<...>", torch.autograd.DeviceType.CUDA, 80.0, 10)]
+    rows = profile_kernels.kernel_shares(events, calls=10)
+    assert [r["kernel"][:8] for r in rows] == ["cdp_chun", "cdp_grou", "cdp_scan"]
+    assert rows[0]["us_per_call"] == 30.0 and rows[0]["launches_per_call"] == 1.0
+    assert abs(rows[0]["share"] - 0.75) < 1e-12 and abs(sum(r["share"] for r in rows) - 1) < 1e-12
+
+
+def test_kernel_shares_reads_the_older_cuda_time_name():
+    old = SimpleNamespace(key="k", device_type=torch.autograd.DeviceType.CUDA, cuda_time_total=5.0, count=2)
+    assert profile_kernels.kernel_shares([old], calls=2)[0]["us_per_call"] == 2.5
+
+
+def test_inputs_are_phi_features_with_the_asked_shapes():
+    (q, k, v), up = profile_kernels.inputs(2, 3, 17, 5, 7, torch.bfloat16, torch.device("cpu"), grad=True)
+    assert q.shape == k.shape == (2, 3, 17, 5) and v.shape == up.shape == (2, 3, 17, 7)
+    assert q.dtype == torch.bfloat16 and q.requires_grad and not up.requires_grad
+    assert bool((q > 0).all()) and bool((k > 0).all())  # elu + 1 > 0
+
+
+def test_refuses_without_a_gpu_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert profile_kernels.main(["--lengths", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "needs a CUDA device" in err
+
+
+def test_the_pass_runs_forward_and_backward_of_the_op():
+    from repro.kernels.reference import causal_dot_product_naive
+
+    (q, k, v), up = profile_kernels.inputs(1, 2, 9, 4, 3, torch.float64, torch.device("cpu"), grad=True)
+    seen = []
+    op = lambda *x: seen.append(1) or causal_dot_product_naive(*x)  # noqa: E731
+    profile_kernels.the_pass(op, q, k, v, up, backward=True)()
+    profile_kernels.the_pass(op, q, k, v, up, backward=False)()
+    assert len(seen) == 2
