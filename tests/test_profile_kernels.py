@@ -50,3 +50,13 @@ def test_the_pass_runs_forward_and_backward_of_the_op():
     profile_kernels.the_pass(op, q, k, v, up, backward=True)()
     profile_kernels.the_pass(op, q, k, v, up, backward=False)()
     assert len(seen) == 2
+
+
+def test_group_counts_run_from_one_group_to_many_each_count_once():
+    from repro.kernels import cupy_backend
+
+    for n_chunks in (1, 5, 64, 256, 1024):
+        counts = profile_kernels.group_counts(n_chunks)
+        assert counts[-1] == n_chunks and len(set(counts)) == len(counts)  # cpg = n_chunks: one group
+        groups = [cupy_backend.grid(64, n_chunks * cupy_backend.CHUNK, 64, 132, c)[1] for c in counts]
+        assert groups == sorted(set(groups), reverse=True) and groups[-1] == 1 and groups[0] <= 64

@@ -81,11 +81,25 @@ def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
     rows = read_jsonl(runs / "mnist" / "linear" / "results.jsonl")
     evals = [(r["step"], r["elapsed_s"], r["bits_per_dim"]) for r in rows if r["kind"] == "eval"]
     vs_time = pd.read_csv(out / "mnist" / "bpd_vs_time.csv")
+    assert set(vs_time.attention) == {"softmax", "linear"}
+    vs_time = vs_time[vs_time.attention == "linear"]
     assert list(vs_time.columns) == ["attention", "step", "elapsed_s", "eval_bpd", "device"]
     assert vs_time.step.tolist() == [e[0] for e in evals] and evals[-1][1] > 3
     assert vs_time.elapsed_s.tolist() == pytest.approx([e[1] for e in evals], rel=1e-9)
     assert vs_time.eval_bpd.tolist() == pytest.approx([e[2] for e in evals], rel=1e-9)
     assert (out / "figure1" / "command.txt").read_text().startswith("python run.py experiment=paper_benchmark")
+    # two runs per training step, each publishing nothing itself (the second once replaced the
+    # first's rows, or was refused): their rows kept as runs/<attention>.jsonl, the aggregate over
+    # both. A later window has no run folders (they never travel back): the aggregate is made again
+    # from the kept rows, with a run from an earlier window in it
+    for step, raw in (("mnist", "image_rows.jsonl"), ("copy", "copy_rows.jsonl")):
+        assert sorted(p.name for p in (out / step / "runs").iterdir()) == ["linear.jsonl", "softmax.jsonl"]
+        assert {r["attention"] for r in read_jsonl(out / step / raw)} == {"softmax", "linear"}
+    assert set(pd.read_csv(out / "mnist" / "bpd_final.csv").attention) == {"softmax", "linear"}
+    shutil.rmtree(runs / "mnist")
+    (out / "mnist" / "bpd_final.csv").unlink()
+    reproduce_gpu.mnist_finish(Ctx(out, runs, smoke=True, device="cpu"))
+    assert set(pd.read_csv(out / "mnist" / "bpd_final.csv").attention) == {"softmax", "linear"}
     # a rerun skips what is done, without starting anything
     assert reproduce_gpu.main(["--smoke", "--steps", "kernels,3", "--out", str(out), "--runs", str(runs)]) == 0
     assert all(r["git_sha"] == "0123abcd4567" for r in read_jsonl(out / "kernels" / "bench.jsonl")) or \
@@ -122,11 +136,11 @@ def test_a_cut_training_run_resumes_and_force_starts_it_afresh(tmp_path):
         run_dir = tmp_path / "runs" / step / "linear"
         for force in (False, True):
             ctx = Ctx(tmp_path / "out", tmp_path / "runs", smoke=True, device="cpu", force=force)
-            job = jobs(ctx)[0]
+            job = jobs(ctx)[1]  # linear (softmax first)
             assert (f"trainer.resume={run_dir}" in job.argv, job.fresh) == (False, run_dir)  # nothing to resume
             (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
             (run_dir / "checkpoints" / "last.pt").touch()
-            job = jobs(ctx)[0]
+            job = jobs(ctx)[1]  # linear (softmax first)
             resumed = f"trainer.resume={run_dir}" in job.argv
             assert (resumed, job.fresh) == ((False, run_dir) if force else (True, None)), (step, force)
             (run_dir / "checkpoints" / "last.pt").unlink()

@@ -43,12 +43,12 @@ def device_folder() -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
 
 
-def _run(ctx, step, overrides: dict, smoke: dict, multirun=False, run_dir=None, sweep_dir=None):
+def _run(ctx, step, overrides: dict, smoke: dict, multirun=False, run_dir=None, sweep_dir=None, publish=True):
     """`python run.py key=value ...`: the step's overrides, replaced or extended by the smoke
     ones under --smoke (a None value drops a key), plus what every job carries: the device, its
-    publish folder and where Hydra writes."""
+    publish folder (unless publish is False) and where Hydra writes."""
     chosen = {**overrides, **(smoke if ctx.smoke else {})}
-    chosen.update({"device": ctx.device, "task.publish": ctx.out / step})
+    chosen.update({"device": ctx.device, "task.publish": ctx.out / step if publish else None})
     if run_dir:
         chosen["hydra.run.dir"] = run_dir
     if sweep_dir:
@@ -64,7 +64,8 @@ def env_jobs(ctx):
     gpu = ctx.gpu_only()
     sanitizer = shutil.which("compute-sanitizer")
     san_skip = gpu or (None if sanitizer else "compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
-    tests = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cupy_kernels.py",
+    tests = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations", "12", "-p", "no:cacheprovider",
+             "tests/test_cupy_kernels.py",
              "tests/test_successor_kernels.py::test_cuda_equals_the_recurrence", f"--junitxml={d / 'kernel_tests.xml'}"]
     # --report-api-errors no: torch's and CuPy's start-up probes make CUDA API calls that fail by
     # design (an absent driver feature, say); counted as errors they would fail every launch
@@ -109,17 +110,38 @@ def resumable(ctx, run_dir):
     return run_dir if (run_dir / "checkpoints" / "last.pt").is_file() and not ctx.force else None
 
 
+def step_attentions(ctx, attentions):
+    """A training step's attentions: under --smoke the first two (two runs whose rows make one
+    aggregate, as on the GPU)."""
+    return attentions[:2] if ctx.smoke else attentions
+
+
 def training_jobs(ctx, step, experiment, attentions, overrides, smoke, wall_s):
     """One training run per attention, each in its own run dir under ctx.runs/<step>, resumed
-    from its checkpoint when a job cap cut it (resumable)."""
+    from its checkpoint when a job cap cut it (resumable). A run publishes nothing itself (one
+    run's rows would replace the others' in the step's folder): its rows are kept as
+    runs/<attention>.jsonl, and the step's finish publishes the aggregate over them."""
     jobs = []
-    for att in attentions[1:2] if ctx.smoke else attentions:
+    for att in step_attentions(ctx, attentions):
         run_dir = ctx.runs / step / att
         resume = resumable(ctx, run_dir)
         argv = _run(ctx, step, {"experiment": experiment, "attention": att, "seed": 0, "trainer.progress": "false",
-                                **overrides, "trainer.resume": resume}, smoke, run_dir=run_dir)
-        jobs.append(Job(att, argv, wall_s=wall_s, fresh=None if resume else run_dir))
+                                **overrides, "trainer.resume": resume}, smoke, run_dir=run_dir, publish=False)
+        jobs.append(Job(att, argv, wall_s=wall_s, fresh=None if resume else run_dir, rows=run_dir / "results.jsonl"))
     return jobs
+
+
+def kept_rows(ctx, step, attentions) -> list[dict]:
+    """The rows of the step's runs as kept in its results (runs/<attention>.jsonl), each row's
+    publish setting pointing at the step's folder, so the aggregate over them is published there."""
+    import os
+
+    from repro.common.results import REPO, read_jsonl
+
+    folder = ctx.out / step
+    publish = os.path.relpath(folder, REPO) if REPO in folder.resolve().parents else str(folder)
+    rows = [r for att in step_attentions(ctx, attentions) for r in read_jsonl(folder / "runs" / f"{att}.jsonl")]
+    return [{**r, "publish": publish} for r in rows]
 
 
 def copy_jobs(ctx):

@@ -7,9 +7,10 @@ the forward + backward of repro.kernels.cupy_backend.causal_dot_product run unde
 torch.profiler, which sees every kernel on the device (CuPy's launches too): kernels.csv gets
 each kernel's device time per call and its share of the pass. host.csv gets the host's time per
 call of a tiny problem (B = H = 1, N = 64), where the GPU's work is a few microseconds, so the
-wall time is the launch path's own overhead. With Nsight Compute (`ncu`) on the PATH, --ncu also
-writes its details page (speed of light, occupancy, warp stalls, memory) for the bf16 forward at
-N = 16k to ncu_fwd_bf16.csv. Needs a CUDA GPU, torch and CuPy (no Hydra).
+wall time is the launch path's own overhead, and host_profile.txt where it goes (cProfile).
+--parts groups times the forward against the chunks each block walks (groups.csv). With Nsight
+Compute (`ncu`) on the PATH, --ncu also writes its details page (speed of light, occupancy, warp
+stalls, memory) for the bf16 forward at N = 16k to ncu_fwd_bf16.csv. Needs a CUDA GPU, torch and CuPy (no Hydra).
 """
 import argparse
 import os
@@ -84,6 +85,45 @@ def host_us_per_call(fn, calls: int = 200) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def event_ms(fn, repeats: int = 15, calls: int = 3) -> float:
+    """Median over `repeats` CUDA event pairs of the ms per call of fn (after two warm calls)."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
+
+
+def group_counts(n_chunks: int) -> list[int]:
+    """Chunks per group to try: from one group (a block per sequence and value tile walks it all)
+    to 64 groups, each count's smallest cpg."""
+    return sorted({-(-n_chunks // g) for g in (1, 2, 3, 4, 6, 8, 9, 12, 16, 24, 33, 64) if g <= n_chunks})
+
+
+def host_profile(fn, calls: int = 100, top: int = 30) -> str:
+    """cProfile of `calls` calls of fn (the host's side): the `top` functions by their own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def run_ncu(out_dir, n: int, timeout_s: float) -> str:
     """Nsight Compute's details page for the bf16 forward's kernels at N = n; what happened, in words."""
     ncu = shutil.which("ncu")
@@ -101,9 +141,46 @@ def run_ncu(out_dir, n: int, timeout_s: float) -> str:
     return f"ncu exit {res.returncode}"
 
 
+def kernels_part(args, base, out_dir, cupy_backend, device):
+    """kernels.csv: each kernel's device time per call of the pass, B = H = 8, D = M = 64."""
+    rows = []
+    for dtype_name in args.dtypes:
+        for n in args.lengths:
+            for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
+                (q, k, v), up = inputs(8, 8, n, 64, 64, DTYPES[dtype_name], device, grad)
+                fn = the_pass(cupy_backend.causal_dot_product, q, k, v, up, grad)
+                for r in profile_pass(fn, args.calls):
+                    rows.append({**base, "task": "kernels.profile", "pass": pass_name, "dtype": dtype_name,
+                                 "batch": 8, "heads": 8, "n": n, "d": 64, "m": 64, **r})
+                    print(f"{dtype_name} N={n:6d} {pass_name:7s} {r['us_per_call']:9.1f} us "
+                          f"{100 * r['share']:5.1f}%  {r['kernel'][:70]}", flush=True)
+                del q, k, v, up, fn
+                torch.cuda.empty_cache()
+    atomic_write(os.path.join(out_dir, "kernels.csv"), rows_to_csv(rows))
+
+
+def host_part(args, base, out_dir, cupy_backend, device):
+    """host.csv: the wall time per call of a tiny problem; host_profile.txt: where the host spends it."""
+    host, profiles = [], []
+    for dtype_name in args.dtypes:
+        for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
+            (q, k, v), up = inputs(1, 1, 64, 64, 64, DTYPES[dtype_name], device, grad)
+            fn = the_pass(cupy_backend.causal_dot_product, q, k, v, up, grad)
+            us = host_us_per_call(fn)
+            profiles.append(f"## {dtype_name} {pass_name}: {us:.1f} us per call\n{host_profile(fn)}")
+            host.append({**base, "task": "kernels.host", "pass": pass_name, "dtype": dtype_name, "batch": 1,
+                         "heads": 1, "n": 64, "d": 64, "m": 64, "host_us_per_call": us})
+            print(f"host: {dtype_name} {pass_name}: {us:.1f} us per call (B = H = 1, N = 64)", flush=True)
+    atomic_write(os.path.join(out_dir, "host.csv"), rows_to_csv(host))
+    atomic_write(os.path.join(out_dir, "host_profile.txt"), "\n".join(profiles))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-dir", default=None, help="kernels.csv and host.csv (default results/profile/<device>)")
+    ap.add_argument("--out-dir", default=None, help="where the files go (default results/profile/<device>)")
+    ap.add_argument("--parts", nargs="+", default=["kernels", "host"], choices=["kernels", "host", "groups"],
+                    help="kernels: kernels.csv; host: host.csv, host_profile.txt; groups: groups.csv, the "
+                    "forward's time against the chunks per group (the launch's gridDim.y)")
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     ap.add_argument("--calls", type=int, default=10)
@@ -126,32 +203,32 @@ def main(argv=None) -> int:
     base = provenance(device)
     out_dir = args.out_dir or os.path.join("results", "profile", base["device"].replace(" ", "_"))
     os.makedirs(out_dir, exist_ok=True)
-    rows = []
-    for dtype_name in args.dtypes:
-        for n in args.lengths:
-            for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
-                (q, k, v), up = inputs(8, 8, n, 64, 64, DTYPES[dtype_name], device, grad)
-                fn = the_pass(cupy_backend.causal_dot_product, q, k, v, up, grad)
-                for r in profile_pass(fn, args.calls):
-                    rows.append({**base, "task": "kernels.profile", "pass": pass_name, "dtype": dtype_name,
-                                 "batch": 8, "heads": 8, "n": n, "d": 64, "m": 64, **r})
-                    print(f"{dtype_name} N={n:6d} {pass_name:7s} {r['us_per_call']:9.1f} us "
-                          f"{100 * r['share']:5.1f}%  {r['kernel'][:70]}", flush=True)
-                del q, k, v, up, fn
-                torch.cuda.empty_cache()
-    atomic_write(os.path.join(out_dir, "kernels.csv"), rows_to_csv(rows))
-    host = []
-    for dtype_name in args.dtypes:
-        for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
-            (q, k, v), up = inputs(1, 1, 64, 64, 64, DTYPES[dtype_name], device, grad)
-            us = host_us_per_call(the_pass(cupy_backend.causal_dot_product, q, k, v, up, grad))
-            host.append({**base, "task": "kernels.host", "pass": pass_name, "dtype": dtype_name, "batch": 1,
-                         "heads": 1, "n": 64, "d": 64, "m": 64, "host_us_per_call": us})
-            print(f"host: {dtype_name} {pass_name}: {us:.1f} us per call (B = H = 1, N = 64)", flush=True)
-    atomic_write(os.path.join(out_dir, "host.csv"), rows_to_csv(host))
+    parts = {"kernels": kernels_part, "host": host_part, "groups": groups}
+    for part in args.parts:
+        parts[part](args, base, out_dir, cupy_backend, device)
     if args.ncu:
         print(run_ncu(out_dir, 16384, args.ncu_timeout_s), flush=True)
     return 0
+
+
+def groups(args, base, out_dir, cupy_backend, device):
+    """The forward's ms at each chunks-per-group count (the default's marked), B = H = 8, D = M = 64."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = []
+    for dtype_name in args.dtypes:
+        for n in args.lengths:
+            (q, k, v), _ = inputs(1, 64, n, 64, 64, DTYPES[dtype_name], device)
+            q, k, v = (x[0] for x in (q, k, v))  # (BH, N, D) contiguous, as launch takes them
+            default, _, _ = cupy_backend.grid(64, n, 64, sms)
+            for cpg in group_counts(-(-n // cupy_backend.CHUNK)):
+                _, n_groups, n_mt = cupy_backend.grid(64, n, 64, sms, cpg)
+                ms = event_ms(lambda c=cpg, x=(q, k, v): cupy_backend.launch(*x, cpg=c))
+                rows.append({**base, "task": "kernels.groups", "pass": "fwd", "dtype": dtype_name, "batch": 8,
+                             "heads": 8, "n": n, "d": 64, "m": 64, "cpg": cpg, "n_groups": n_groups,
+                             "blocks": 64 * n_groups * n_mt, "default": cpg == default, "ms": ms})
+                print(f"{dtype_name} N={n:6d} cpg={cpg:5d} groups={n_groups:3d} blocks={64 * n_groups:5d} "
+                      f"{ms:8.3f} ms{'  (default)' if cpg == default else ''}", flush=True)
+    atomic_write(os.path.join(out_dir, "groups.csv"), rows_to_csv(rows))
 
 
 if __name__ == "__main__":

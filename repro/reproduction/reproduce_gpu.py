@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from repro.common.results import REPO, atomic_write, provenance, read_jsonl
+from repro.common.results import REPO, atomic_write, provenance
 from repro.reproduction.gpu_pack import PACK_NAME, PACKED, pack, unpack
 from repro.reproduction.gpu_steps import (
     COPY_ATTENTIONS,
@@ -55,6 +55,7 @@ from repro.reproduction.gpu_steps import (
     env_jobs,
     figure1_jobs,
     generation_jobs,
+    kept_rows,
     kernels_jobs,
     mnist_jobs,
     speech_jobs,
@@ -97,9 +98,7 @@ def env_report(ctx):
 
 def copy_finish(ctx):
     from repro.tasks.copy import aggregate
-    rows = [r for att in (COPY_ATTENTIONS[1:2] if ctx.smoke else COPY_ATTENTIONS)
-            for r in read_jsonl(ctx.runs / "copy" / att / "results.jsonl")]
-    aggregate(rows, ctx.runs / "copy")  # the rows name the publish folder: results/gpu/<device>/copy
+    aggregate(kept_rows(ctx, "copy", COPY_ATTENTIONS), ctx.runs / "copy")  # published in results/gpu/<device>/copy
 
 
 def mnist_finish(ctx):
@@ -110,8 +109,7 @@ def mnist_finish(ctx):
 
     from repro.common.results import rows_to_csv
     from repro.tasks.image import aggregate
-    rows = [r for att in (MNIST_ATTENTIONS[1:2] if ctx.smoke else MNIST_ATTENTIONS)
-            for r in read_jsonl(ctx.runs / "mnist" / att / "results.jsonl")]
+    rows = kept_rows(ctx, "mnist", MNIST_ATTENTIONS)
     aggregate(rows, ctx.runs / "mnist")
     df = pd.DataFrame(rows)
     ev = df[(df.kind == "eval") & df.get("bits_per_dim", pd.Series(dtype=float)).notna()]
@@ -198,6 +196,11 @@ def run_step(ctx, number, force=False, deadline=None):
                 raise
             results[job.name] = {"status": status, "rc": rc, "seconds": round(seconds, 1),
                                  "command": shown(job.argv), "wall_s": job.wall_s}
+            if status == "ok" and job.rows is not None:
+                if not Path(job.rows).is_file():
+                    results[job.name]["status"] = status = f"failed: it wrote no {job.rows.name}"
+                else:
+                    atomic_write(d / "runs" / f"{job.name}.jsonl", Path(job.rows).read_bytes())
             print(f"[{number} {name}] {job.name}: {status} in {seconds:.0f} s "
                   f"(log: {d / 'logs' / (job.name + '.log')})")
             if status != "ok":
