@@ -126,7 +126,17 @@ def test_emulated_tiling_matches_reference(bh, n, d, m, cpg):
 def test_chunks_per_group_covers_every_chunk(blocks, n_chunks, sms):
     cpg = cupy_backend.chunks_per_group(blocks, n_chunks, sms)
     n_groups = -(-n_chunks // cpg)
-    assert cpg >= 1 and (n_groups - 1) * cpg < n_chunks <= n_groups * cpg
+    assert 1 <= cpg <= cupy_backend.MAX_CPG and (n_groups - 1) * cpg < n_chunks <= n_groups * cpg
+
+
+def test_chunks_per_group_as_measured_on_the_h100():
+    """The H100's sweep (results/gpu/.../profile/chunks_per_group.csv): at N = 16k, 8 chunks per
+    group, not the 29 that ~4 blocks per SM alone gave; at N = 4k, 8 either way; short
+    sequences keep their ~4 blocks per SM."""
+    assert cupy_backend.grid(64, 16384, 64, 132)[:2] == (8, 32)
+    assert cupy_backend.grid(64, 4096, 64, 132)[:2] == (8, 8)
+    assert cupy_backend.grid(64, 1024, 64, 132)[:2] == (2, 8)
+    assert cupy_backend.grid(64, 65536, 64, 132)[:2] == (8, 128)
 
 
 def test_backend_declines_cpu_tensors_with_a_reason(monkeypatch):
@@ -496,6 +506,12 @@ def test_bench_runs_on_cpu_with_missing_peers_and_resumes(tmp_path, monkeypatch,
     assert len(lines) == 24 and (tmp_path / "bench.csv").exists()
     bench.main(args)  # the ok rows are kept; only the missing ones are tried again
     assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 24 + 14
+    # --again: a changed method's points measured anew, its new rows in bench.csv, both in bench.jsonl
+    again = bench.main(args + ["--methods", "torch", "sdpa", "--again", "torch"])
+    assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 24 + 14 + 2
+    from repro.common.results import read_jsonl
+    fresh = [(r["pass"], r["ms"]) for r in read_jsonl(tmp_path / "bench.jsonl") if r["method"] == "torch"][-2:]
+    assert [(r["pass"], r["ms"]) for r in again if r["method"] == "torch"] == fresh
 
 
 def test_bench_skips_a_method_whose_one_call_is_too_slow(tmp_path):

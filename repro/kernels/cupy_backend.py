@@ -17,6 +17,7 @@ sequences for reverse-causal), so they are differentiable in turn.
 """
 import math
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -25,6 +26,22 @@ from torch import Tensor
 from repro.kernels import cuda_build
 from repro.kernels.backend import forced_backend
 from repro.kernels.chunked import causal_product_grads
+from repro.kernels.cuda_grid import (  # noqa: F401  (re-exported: the tests and the profiler read them here)
+    CHUNK,
+    GRID_YZ_MAX,
+    MAX_CPG,
+    NTHREADS,
+    PITCH,
+    TC_P,
+    TC_SP,
+    TILE,
+    chunks_per_group,
+    grid,
+    smem_chunks,
+    smem_chunks_tc,
+    smem_group_states,
+    smem_group_states_tc,
+)
 
 # THE SWITCH: True since the GPU kernel tests passed on an NVIDIA H100 80GB HBM3 (88, none skipped,
 # commit 239c217; results/gpu/NVIDIA_H100_80GB_HBM3/env/). Verify another GPU with
@@ -40,8 +57,6 @@ FASTER_DTYPES = {"causal_dot_product": (torch.bfloat16,), "causal_linear_attenti
 # bf16 products on tensor cores (causal_dot_tc.cu); fp32 and fp16 always take the FMA kernel.
 TENSOR_CORES = True
 
-CHUNK, TILE, PITCH, NTHREADS = 64, 64, 65, 256  # causal_dot.cu's tile geometry
-TC_P, TC_SP = 72, 72  # causal_dot_tc.cu's tile pitches
 STEP_THREADS = 128  # recurrent_step.cu
 KERNEL_DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 
@@ -52,7 +67,7 @@ PREFILL = None
 # tests read it to prove that a layer or a compiled graph really took the CuPy path.
 CALLS = Counter()
 
-GRID_YZ_MAX = 65535  # CUDA's limit on gridDim.y and gridDim.z
+
 
 
 def _gate_reason(op, dtype, backward=False):
@@ -67,24 +82,6 @@ def _gate_reason(op, dtype, backward=False):
     if backward and op == "causal_linear_attention":
         return "the fused normalised kernel's backward is slower than the product's (FASTER_DTYPES)" + how
     return None
-
-
-def _smem_chunks(d):
-    return 4 * (d * TILE + d + 4 * CHUNK * PITCH + CHUNK)
-
-
-def _smem_chunks_tc(d):
-    dp = math.ceil(d / TILE) * TILE
-    return 4 * (dp * TC_SP + CHUNK * TC_SP + dp + CHUNK) + 2 * (4 * CHUNK * TC_P + TILE * (dp + 8))
-
-
-def _smem_group_states_tc(d):
-    dp = math.ceil(d / TILE) * TILE
-    return 4 * (dp * TC_SP + dp) + 2 * (2 * CHUNK * TC_P)
-
-
-def _smem_group_states(d):
-    return 4 * (d * TILE + d + 2 * CHUNK * PITCH)
 
 
 def _device_reason(q, dims, what):
@@ -102,7 +99,7 @@ def _device_reason(q, dims, what):
     # The backward runs the kernel with the roles of D and M swapped, the normalised backward
     # with M + 1 (a column of ones): every key width the kernels will see must fit in smem.
     optin = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
-    need = _smem_chunks(max(dims))
+    need = smem_chunks(max(dims))
     if need > optin:
         return (f"{what} with head dims {dims} needs {need} bytes of shared memory per block; "
                 f"this GPU allows {optin}")
@@ -167,6 +164,7 @@ class _StreamHandle:
         return 0, self.handle  # (protocol version, cudaStream_t)
 
 
+@lru_cache(maxsize=64)  # one wrapper per stream: the host path of a call is most of a short one
 def cupy_stream(handle: int):
     """A CuPy stream over the CUDA stream `handle` (0: the legacy default stream)."""
     import cupy
@@ -177,6 +175,7 @@ def _stream(device):
     return cupy_stream(torch.cuda.current_stream(device).cuda_stream)
 
 
+@lru_cache(maxsize=None)
 def _kernel(name, device_index, smem):
     source = ("causal_dot_tc.cu" if "_tc<" in name else
               "causal_dot.cu" if name.startswith("cdp") else "recurrent_step.cu")
@@ -184,22 +183,6 @@ def _kernel(name, device_index, smem):
     if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem  # opt in beyond the default 48 KiB
     return kern
-
-
-def chunks_per_group(blocks_per_group, n_chunks, n_sms):
-    """Chunks each block walks in sequence: enough groups for ~4 blocks per SM, no more (each
-    extra group costs a (D, M) state written, scanned and read)."""
-    n_groups = max(1, min(n_chunks, math.ceil(4 * n_sms / blocks_per_group)))
-    return math.ceil(n_chunks / n_groups)
-
-
-def grid(bh, n, m, n_sms, cpg=None):
-    """(cpg, n_groups, n_mt) of a launch on (BH, N, .) x (., M): chunks per group (from the GPU's
-    size unless given), groups (gridDim.y) and value tiles (gridDim.z). A given cpg is raised
-    where it would need more than 65535 groups: gridDim.y cannot hold them."""
-    n_chunks, n_mt = math.ceil(n / CHUNK), math.ceil(m / TILE)
-    cpg = max(cpg or chunks_per_group(bh * n_mt, n_chunks, n_sms), math.ceil(n_chunks / GRID_YZ_MAX))
-    return cpg, math.ceil(n_chunks / cpg), n_mt
 
 
 def _empty(shape, dtype, device):
@@ -229,14 +212,14 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
     den = _empty((bh, n), torch.float32, dev) if norm else None
     states = _empty((bh, n_groups, d, mtot), torch.float32, dev) if n_groups > 1 else None
     if tensor_cores is None:
-        tensor_cores = TENSOR_CORES and _smem_chunks_tc(d) <= props.shared_memory_per_block_optin
+        tensor_cores = TENSOR_CORES and smem_chunks_tc(d) <= props.shared_memory_per_block_optin
     tensor_cores = tensor_cores and q.dtype == torch.bfloat16
     i32 = np.int32
     CALLS["launch"] += 1
     with cupy.cuda.Device(dev.index), _stream(dev):
         tc = "_tc" if tensor_cores else ""
         if states is not None:
-            smem = _smem_group_states_tc(d) if tensor_cores else _smem_group_states(d)
+            smem = smem_group_states_tc(d) if tensor_cores else smem_group_states(d)
             _kernel(f"cdp_group_states{tc}<{flags}>", dev.index, smem)(
                 (bh, n_groups - 1, n_mt), (NTHREADS,),
                 (_ptr(k), _ptr(v), _ptr(states), i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups)),
@@ -245,7 +228,7 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
             _kernel("cdp_scan_states", dev.index, 0)(
                 (math.ceil(bh * per_slot / 256),), (256,),
                 (_ptr(states), np.int64(bh), i32(per_slot), i32(n_groups)))
-        smem = _smem_chunks_tc(d) if tensor_cores else _smem_chunks(d)
+        smem = smem_chunks_tc(d) if tensor_cores else smem_chunks(d)
         _kernel(f"cdp_chunks{tc}<{flags}>", dev.index, smem)(
             (bh, n_groups, n_mt), (NTHREADS,),
             (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
