@@ -3,8 +3,8 @@
 #   REPRO_GIT_SHA=<commit> bash scripts/with_gpu_bundle.sh python3 -m repro.reproduce_gpu --steps 1 --budget-s 500
 # The bundle goes once into build/gpu_site (git-ignored; reinstalled when gpu_bundle/requirements.txt
 # changes) with --no-index --no-deps, then PYTHONPATH points there. gpu_bundle/ is git-ignored:
-# it reaches a lent machine only when the call carries it. Where .git does not travel, rows
-# record REPRO_GIT_SHA as their commit (repro.common.results.git_sha).
+# it reaches a lent machine only when the call carries it. Rows record REPRO_GIT_SHA as their
+# commit (repro.common.results.git_sha), before any .git there: one that travels may be older.
 # When $OUT is set (the folder a lent machine sends back: at most 8 files, 2 folders down), the
 # command's whole output goes to $OUT/command.log, and afterwards, whatever its exit status,
 # everything under results/gpu/ and outputs/gpu-smoke/results/ is packed into $OUT as one
@@ -22,8 +22,8 @@ if [ -f "$BUNDLE/requirements.txt" ] && ! cmp -s "$BUNDLE/requirements.txt" "$SI
     && cp "$BUNDLE/requirements.txt" "$SITE/.installed" || { echo "with_gpu_bundle: installing the bundle failed" >&2; exit 2; }
 fi
 [ -d "$SITE" ] || echo "with_gpu_bundle: no $BUNDLE/ here (make gpu-bundle on a machine with PyPI, and carry it); running without it" >&2
-if [ ! -e .git ] && [ -z "${REPRO_GIT_SHA:-}" ]; then
-  echo "with_gpu_bundle: no .git and no REPRO_GIT_SHA: rows will record their commit as 'unknown'" >&2
+if [ -z "${REPRO_GIT_SHA:-}" ]; then
+  echo "with_gpu_bundle: no REPRO_GIT_SHA: rows will record this tree's .git, if any (perhaps not the commit sent)" >&2
 fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"  # bin: ninja, for cpp_extension
 if [ -n "${OUT:-}" ]; then

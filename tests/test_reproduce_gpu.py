@@ -161,6 +161,28 @@ def test_a_rerun_runs_only_what_did_not_finish(tmp_path, monkeypatch):
     assert run_step(ctx, 2, force=True) and counter.read_text() == "aa"
 
 
+def test_runs_that_finished_are_kept_and_aggregated_before_the_step_is_done(tmp_path, monkeypatch):
+    """A training run that ends ok has its rows kept (runs/<name>.jsonl) and the aggregate made
+    over the runs kept so far, while another run failed; one that ends ok without rows fails."""
+    runs = tmp_path / "runs"
+    write = "import json, sys, pathlib; p = pathlib.Path(sys.argv[1]); p.parent.mkdir(parents=True); " \
+            "p.write_text(json.dumps({'attention': p.parent.name}) + '\\n')"
+    a_rows = runs / "a" / "results.jsonl"
+    jobs = [Job("a", [sys.executable, "-c", write, str(a_rows)], rows=a_rows),
+            Job("b", [sys.executable, "-c", "import sys; sys.exit(1)"], rows=runs / "b" / "results.jsonl"),
+            Job("c", [sys.executable, "-c", "pass"], rows=runs / "c" / "results.jsonl")]
+    seen = []
+    finish = lambda ctx: seen.append(sorted(p.name for p in (ctx.out / "copy" / "runs").iterdir()))  # noqa: E731
+    monkeypatch.setitem(reproduce_gpu.STEP_DEFS, 5, Step(5, lambda ctx: jobs, finish=finish))
+    ctx = Ctx(tmp_path / "out", runs, smoke=True, device="cpu")
+    assert not run_step(ctx, 5)
+    assert seen == [["a.jsonl"]]
+    assert read_jsonl(ctx.out / "copy" / "runs" / "a.jsonl") == [{"attention": "a"}]
+    status = json.loads((ctx.out / "copy" / "status.json").read_text())["jobs"]
+    assert status["b"]["status"] == "failed (exit 1)" and status["c"]["status"] == "failed: it wrote no results.jsonl"
+    assert not run_step(ctx, 5) and seen == [["a.jsonl"]]  # a is kept and not run again: nothing new to aggregate
+
+
 def test_budget_stops_the_job_in_flight_and_starts_no_other(tmp_path, monkeypatch):
     """--budget-s: the job running near the deadline gets SIGTERM before it, the next one is not
     started, and the step is left incomplete for the next command."""
@@ -265,3 +287,20 @@ def test_every_step_fits_one_lent_machine_command():
     for number, spec in reproduce_gpu.STEP_DEFS.items():
         total = sum(j.wall_s or 0 for j in spec.jobs(ctx))
         assert 0 < total <= 500, (number, total)
+
+
+def test_a_passed_commit_beats_the_trees_git(monkeypatch):
+    """On a lent machine the tree's .git may be older than the commit sent: REPRO_GIT_SHA, when
+    passed, is what rows record; without it the checkout's own commit."""
+    from repro.common import results
+
+    monkeypatch.delenv("REPRO_GIT_SHA", raising=False)
+    results.git_sha.cache_clear()
+    try:
+        own = results.git_sha()
+        assert own != "0123abcd4567" and (own == "unknown" or re.fullmatch(r"[0-9a-f]{12}(-dirty)?", own))
+        monkeypatch.setenv("REPRO_GIT_SHA", "0123abcd4567")
+        results.git_sha.cache_clear()
+        assert results.git_sha() == "0123abcd4567"
+    finally:
+        results.git_sha.cache_clear()

@@ -162,8 +162,12 @@ def read_jsonl(path, strict: bool = False):
 
 @lru_cache(maxsize=None)
 def git_sha() -> str:
-    """The checkout's commit (+ '-dirty'); where there is no git checkout (a copy of the tree on
-    a lent GPU machine), $REPRO_GIT_SHA as the caller passed it; else 'unknown'."""
+    """$REPRO_GIT_SHA when the caller passes it (a copy of the tree on a lent GPU machine, whose
+    .git, when one travels, is not the commit that was sent: it recorded an older one there);
+    else the checkout's commit (+ '-dirty'); else 'unknown'."""
+    passed = os.environ.get("REPRO_GIT_SHA", "").strip()
+    if passed:
+        return passed
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.strip()
@@ -171,7 +175,7 @@ def git_sha() -> str:
                                capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("REPRO_GIT_SHA", "").strip() or "unknown"
+        return "unknown"
 
 
 def device_name(device: torch.device) -> str:

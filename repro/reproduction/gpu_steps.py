@@ -132,15 +132,17 @@ def training_jobs(ctx, step, experiment, attentions, overrides, smoke, wall_s):
 
 
 def kept_rows(ctx, step, attentions) -> list[dict]:
-    """The rows of the step's runs as kept in its results (runs/<attention>.jsonl), each row's
-    publish setting pointing at the step's folder, so the aggregate over them is published there."""
+    """The rows of the step's runs kept so far in its results (runs/<attention>.jsonl: the runs
+    that finished, in this window or an earlier one), each row's publish setting pointing at the
+    step's folder, so the aggregate over them is published there."""
     import os
 
     from repro.common.results import REPO, read_jsonl
 
     folder = ctx.out / step
     publish = os.path.relpath(folder, REPO) if REPO in folder.resolve().parents else str(folder)
-    rows = [r for att in step_attentions(ctx, attentions) for r in read_jsonl(folder / "runs" / f"{att}.jsonl")]
+    kept = [folder / "runs" / f"{att}.jsonl" for att in step_attentions(ctx, attentions)]
+    rows = [r for path in kept if path.is_file() for r in read_jsonl(path, strict=True)]
     return [{**r, "publish": publish} for r in rows]
 
 

@@ -4,13 +4,14 @@
 
 At B = H = 8, D = M = 64 (the benchmark's point), for fp32 and bf16 and each N, the forward and
 the forward + backward of repro.kernels.cupy_backend.causal_dot_product run under
-torch.profiler, which sees every kernel on the device (CuPy's launches too): kernels.csv gets
-each kernel's device time per call and its share of the pass. host.csv gets the host's time per
-call of a tiny problem (B = H = 1, N = 64), where the GPU's work is a few microseconds, so the
-wall time is the launch path's own overhead, and host_profile.txt where it goes (cProfile).
---parts groups times the forward against the chunks each block walks (groups.csv). With Nsight
-Compute (`ncu`) on the PATH, --ncu also writes its details page (speed of light, occupancy, warp
-stalls, memory) for the bf16 forward at N = 16k to ncu_fwd_bf16.csv. Needs a CUDA GPU, torch and CuPy (no Hydra).
+torch.profiler, which sees every kernel on the device (CuPy's launches too): kernel_times.csv
+gets each kernel's device time per call and its share of the pass. host_overhead.csv gets the
+wall time per call of a tiny problem (B = H = 1, N = 64), where the GPU's work is a few
+microseconds, so the time is the launch path's own, and host_profile.txt where it goes
+(cProfile). --parts groups times the forward against the chunks each block walks
+(chunks_per_group.csv). With Nsight Compute (`ncu`) on the PATH, --ncu also writes its details
+page (speed of light, occupancy, warp stalls, memory) for the bf16 forward at N = 16k to
+ncu_fwd_bf16.txt (CSV after ncu's own lines). Needs a CUDA GPU, torch and CuPy (no Hydra).
 """
 import argparse
 import os
@@ -137,12 +138,12 @@ def run_ncu(out_dir, n: int, timeout_s: float) -> str:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"ncu passed its {timeout_s:.0f} s"
-    atomic_write(os.path.join(out_dir, "ncu_fwd_bf16.csv"), res.stdout + ("\n# stderr:\n" + res.stderr[-4000:]))
+    atomic_write(os.path.join(out_dir, "ncu_fwd_bf16.txt"), res.stdout + ("\n# stderr:\n" + res.stderr[-4000:]))
     return f"ncu exit {res.returncode}"
 
 
 def kernels_part(args, base, out_dir, cupy_backend, device):
-    """kernels.csv: each kernel's device time per call of the pass, B = H = 8, D = M = 64."""
+    """kernel_times.csv: each kernel's device time per call of the pass, B = H = 8, D = M = 64."""
     rows = []
     for dtype_name in args.dtypes:
         for n in args.lengths:
@@ -156,11 +157,11 @@ def kernels_part(args, base, out_dir, cupy_backend, device):
                           f"{100 * r['share']:5.1f}%  {r['kernel'][:70]}", flush=True)
                 del q, k, v, up, fn
                 torch.cuda.empty_cache()
-    atomic_write(os.path.join(out_dir, "kernels.csv"), rows_to_csv(rows))
+    atomic_write(os.path.join(out_dir, "kernel_times.csv"), rows_to_csv(rows))
 
 
 def host_part(args, base, out_dir, cupy_backend, device):
-    """host.csv: the wall time per call of a tiny problem; host_profile.txt: where the host spends it."""
+    """host_overhead.csv: the wall time per call of a tiny problem; host_profile.txt: where the host spends it."""
     host, profiles = [], []
     for dtype_name in args.dtypes:
         for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
@@ -171,7 +172,7 @@ def host_part(args, base, out_dir, cupy_backend, device):
             host.append({**base, "task": "kernels.host", "pass": pass_name, "dtype": dtype_name, "batch": 1,
                          "heads": 1, "n": 64, "d": 64, "m": 64, "host_us_per_call": us})
             print(f"host: {dtype_name} {pass_name}: {us:.1f} us per call (B = H = 1, N = 64)", flush=True)
-    atomic_write(os.path.join(out_dir, "host.csv"), rows_to_csv(host))
+    atomic_write(os.path.join(out_dir, "host_overhead.csv"), rows_to_csv(host))
     atomic_write(os.path.join(out_dir, "host_profile.txt"), "\n".join(profiles))
 
 
@@ -179,8 +180,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", default=None, help="where the files go (default results/profile/<device>)")
     ap.add_argument("--parts", nargs="+", default=["kernels", "host"], choices=["kernels", "host", "groups"],
-                    help="kernels: kernels.csv; host: host.csv, host_profile.txt; groups: groups.csv, the "
-                    "forward's time against the chunks per group (the launch's gridDim.y)")
+                    help="kernels: kernel_times.csv; host: host_overhead.csv, host_profile.txt; groups: "
+                    "chunks_per_group.csv, the forward's time against the chunks per group (the launch's gridDim.y)")
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     ap.add_argument("--calls", type=int, default=10)
@@ -228,7 +229,7 @@ def groups(args, base, out_dir, cupy_backend, device):
                              "blocks": 64 * n_groups * n_mt, "default": cpg == default, "ms": ms})
                 print(f"{dtype_name} N={n:6d} cpg={cpg:5d} groups={n_groups:3d} blocks={64 * n_groups:5d} "
                       f"{ms:8.3f} ms{'  (default)' if cpg == default else ''}", flush=True)
-    atomic_write(os.path.join(out_dir, "groups.csv"), rows_to_csv(rows))
+    atomic_write(os.path.join(out_dir, "chunks_per_group.csv"), rows_to_csv(rows))
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ def run_step(ctx, number, force=False, deadline=None):
     commands = "".join(shown(j.argv) + "\n" for j in jobs if not j.skip)
     # written again once the jobs have run: a job publishing into d writes its own command.txt (its one command)
     atomic_write(d / "command.txt", commands)
-    results = {}
+    results, kept_new = {}, False
     for job in jobs:
         jm = d / "jobs" / f"{job.name}.json"
         prev = json.loads(jm.read_text()) if jm.is_file() else {}
@@ -201,6 +201,7 @@ def run_step(ctx, number, force=False, deadline=None):
                     results[job.name]["status"] = status = f"failed: it wrote no {job.rows.name}"
                 else:
                     atomic_write(d / "runs" / f"{job.name}.jsonl", Path(job.rows).read_bytes())
+                    kept_new = True
             print(f"[{number} {name}] {job.name}: {status} in {seconds:.0f} s "
                   f"(log: {d / 'logs' / (job.name + '.log')})")
             if status != "ok":
@@ -208,9 +209,13 @@ def run_step(ctx, number, force=False, deadline=None):
                 print("\n".join("    " + line for line in tail))
         atomic_write(jm, json.dumps(results[job.name], indent=1) + "\n")
     done = all(r["status"] in ("ok", "skipped") for r in results.values())
-    if done and spec.finish:
+    # the aggregate over the runs finished so far, also when others are still to run (a window
+    # may end first): what a later window adds is aggregated with them then
+    if spec.finish and (done or kept_new):
         try:
             spec.finish(ctx)
+            if not done:
+                print(f"[{number} {name}] aggregated the runs finished so far; the others follow in a later command")
         except Exception as err:  # noqa: BLE001  (the step is then not done; the others go on)
             print(f"[{number} {name}] aggregating failed: {type(err).__name__}: {err}")
             done = False
