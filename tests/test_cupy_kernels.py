@@ -506,12 +506,21 @@ def test_bench_runs_on_cpu_with_missing_peers_and_resumes(tmp_path, monkeypatch,
     assert len(lines) == 24 and (tmp_path / "bench.csv").exists()
     bench.main(args)  # the ok rows are kept; only the missing ones are tried again
     assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 24 + 14
-    # --again: a changed method's points measured anew, its new rows in bench.csv, both in bench.jsonl
-    again = bench.main(args + ["--methods", "torch", "sdpa", "--again", "torch"])
-    assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 24 + 14 + 2
-    from repro.common.results import read_jsonl
-    fresh = [(r["pass"], r["ms"]) for r in read_jsonl(tmp_path / "bench.jsonl") if r["method"] == "torch"][-2:]
-    assert [(r["pass"], r["ms"]) for r in again if r["method"] == "torch"] == fresh
+    # --again after a change (a new commit): the method's points measured anew, its new rows in
+    # bench.csv, both in bench.jsonl; the same command again at that commit measures nothing
+    from repro.common import results
+    monkeypatch.setenv("REPRO_GIT_SHA", "0123abcd4567")
+    results.git_sha.cache_clear()
+    try:
+        again = bench.main(args + ["--methods", "torch", "sdpa", "--again", "torch"])
+        assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 24 + 14 + 2
+        fresh = [r for r in results.read_jsonl(tmp_path / "bench.jsonl") if r["method"] == "torch"][-2:]
+        assert {r["git_sha"] for r in fresh} == {"0123abcd4567"}
+        assert [(r["pass"], r["ms"]) for r in again if r["method"] == "torch"] == [(r["pass"], r["ms"]) for r in fresh]
+        bench.main(args + ["--methods", "torch", "sdpa", "--again", "torch"])
+        assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == 24 + 14 + 2
+    finally:
+        results.git_sha.cache_clear()
 
 
 def test_bench_skips_a_method_whose_one_call_is_too_slow(tmp_path):

@@ -30,10 +30,10 @@ The bandwidth floor: the bytes a pass must move at least (fwd: read q, k, v and 
 fwd_bwd: that plus read q, k, v, g and write the three gradients) over the copy bandwidth
 measured in this run; pct_of_floor = 100 * floor_ms / ms. Rows are appended to
 <out-dir>/bench.jsonl as they are measured; a point already measured there (ok or oom) is not
-measured again, so a rerun resumes (--again names methods whose points are measured anew after a
-change to them; a point's last row wins). At the end bench.csv (each point's last row, with
-`vs_<peer>` = peer_ms / ms at the same point: above 1 is faster than that peer) is written
-atomically (the successors' rows also carry `vs_fla` against their own fla peer). Needs only torch
+measured again, so a rerun resumes (--again names methods whose points are measured anew, unless
+measured at this commit, after a change to them; a point's last row wins). At the end bench.csv
+(each point's last row, with `vs_<peer>` = peer_ms / ms at the same point: above 1 is faster than
+that peer) is written atomically (the successors' rows also carry `vs_fla` against their own fla peer). Needs only torch
 and numpy (and CuPy for the cupy methods).
 """
 import argparse
@@ -249,8 +249,8 @@ def main(argv=None):
     ap.add_argument("--dim", type=int, default=64, help="D = M")
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument("--again", nargs="+", default=[], metavar="METHOD",
-                    help="measure these methods' points again although measured before (after a change to them): "
-                    "bench.csv takes the new rows, bench.jsonl keeps both")
+                    help="measure these methods' points again unless measured at this commit (after a change to "
+                    "them; a rerun resumes): bench.csv takes the new rows, bench.jsonl keeps both")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10, help="event pairs per point (the median is kept)")
     ap.add_argument("--calls", type=int, default=5, help="calls per event pair")
@@ -285,12 +285,13 @@ def main(argv=None):
     rows_path = os.path.join(out_dir, "bench.jsonl")
     rows = read_jsonl(rows_path) if os.path.exists(rows_path) else []
     # a rerun measures again only what did not finish: not the missing peers nor the errors
-    done = {tuple(r.get(c) for c in KEY) for r in rows if r["method"] not in args.again and (
-            r["status"] in ("ok", "oom") or r["status"].startswith(f"skipped: {WARM_SKIP}"))}
+    current = [r for r in rows if r["method"] not in args.again or r.get("git_sha") == base["git_sha"]]
+    done = {tuple(r.get(c) for c in KEY) for r in current
+            if r["status"] in ("ok", "oom") or r["status"].startswith(f"skipped: {WARM_SKIP}")}
     timer = Timer(device, args.calls, args.point_budget_s, args.max_call_s)
     too_slow = {}  # (method, pass, dtype) -> the N whose warm call was over --max-call-s
-    for r in rows:
-        if (r["status"].startswith(f"skipped: {WARM_SKIP}") and r["method"] not in args.again
+    for r in current:
+        if (r["status"].startswith(f"skipped: {WARM_SKIP}")
                 and (r["batch"], r["heads"], r["d"]) == (args.batch, args.heads, args.dim)):
             key = (r["method"], r["pass"], r["dtype"])
             too_slow[key] = min(too_slow.get(key, r["n"]), r["n"])
