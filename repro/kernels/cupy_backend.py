@@ -68,8 +68,6 @@ PREFILL = None
 CALLS = Counter()
 
 
-
-
 def _gate_reason(op, dtype, backward=False):
     """Why `op` leaves these inputs to the torch path unless REPRO_KERNEL=cupy, or None."""
     forced, how = forced_backend(), "; set REPRO_KERNEL=cupy to use it"

@@ -2,6 +2,7 @@
 paper's sizes, or tiny ones under --smoke), where it writes, and each job's wall-clock cap. Every
 step fits one command of a lent GPU machine (600 s): its jobs' caps add up to at most about
 480 s. repro.reproduction.reproduce_gpu runs them."""
+import os
 import re
 import shutil
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from repro.common.results import REPO, read_jsonl
 from repro.reproduction.jobs import Job
 
 STEPS = {1: "env", 2: "kernels", 3: "figure1", 4: "generation", 5: "copy", 6: "mnist", 7: "speech"}
@@ -135,10 +137,6 @@ def kept_rows(ctx, step, attentions) -> list[dict]:
     """The rows of the step's runs kept so far in its results (runs/<attention>.jsonl: the runs
     that finished, in this window or an earlier one), each row's publish setting pointing at the
     step's folder, so the aggregate over them is published there."""
-    import os
-
-    from repro.common.results import REPO, read_jsonl
-
     folder = ctx.out / step
     publish = os.path.relpath(folder, REPO) if REPO in folder.resolve().parents else str(folder)
     kept = [folder / "runs" / f"{att}.jsonl" for att in step_attentions(ctx, attentions)]
