@@ -60,3 +60,29 @@ def test_group_counts_run_from_one_group_to_many_each_count_once():
         assert counts[-1] == n_chunks and len(set(counts)) == len(counts)  # cpg = n_chunks: one group
         groups = [cupy_backend.grid(64, n_chunks * cupy_backend.CHUNK, 64, 132, c)[1] for c in counts]
         assert groups == sorted(set(groups), reverse=True) and groups[-1] == 1 and groups[0] <= 64
+
+
+def test_layer_part_times_each_layer_and_counts_its_kernels(tmp_path, monkeypatch):
+    """The layer part on a CPU, its CUDA timers replaced: each layer's forward + backward runs at
+    the MNIST model's shape (the gradients reach x and the weights) and becomes a row."""
+    import argparse
+
+    from repro.common.results import provenance
+
+    seen = []
+
+    def fake_profile(fn, calls):
+        fn()
+        seen.append(calls)
+        return [{"kernel": "k", "us_per_call": 1.0, "launches_per_call": 3.0, "share": 1.0}]
+
+    monkeypatch.setattr(profile_kernels, "event_ms", lambda fn: (fn(), 2.5)[1])
+    monkeypatch.setattr(profile_kernels, "profile_pass", fake_profile)
+    monkeypatch.setattr(profile_kernels, "LAYERS", (("softmax", None), ("linear", "torch")))
+    args = argparse.Namespace(dtypes=["fp32"])
+    profile_kernels.layer_part(args, provenance(torch.device("cpu")), str(tmp_path), None, torch.device("cpu"))
+    import pandas as pd
+    df = pd.read_csv(tmp_path / "layer.csv")
+    assert list(df.attention) == ["softmax", "linear"] and list(df.kernel) == ["dispatcher", "torch"]
+    assert (df.ms == 2.5).all() and (df.kernels_per_call == 3.0).all() and (df.n == 784).all()
+    assert seen == [5, 5]

@@ -9,11 +9,14 @@ gets each kernel's device time per call and its share of the pass. host_overhead
 wall time per call of a tiny problem (B = H = 1, N = 64), where the GPU's work is a few
 microseconds, so the time is the launch path's own, and host_profile.txt where it goes
 (cProfile). --parts groups times the forward against the chunks each block walks
-(chunks_per_group.csv). With Nsight Compute (`ncu`) on the PATH, --ncu also writes its details
-page (speed of light, occupancy, warp stalls, memory) for the bf16 forward at N = 16k to
-ncu_fwd_bf16.txt (CSV after ncu's own lines). Needs a CUDA GPU, torch and CuPy (no Hydra).
+(chunks_per_group.csv); --parts layer one attention layer's forward + backward at the MNIST
+model's shape, softmax against linear, in ms and CUDA kernels per call (layer.csv). With Nsight
+Compute (`ncu`) on the PATH, --ncu also writes its details page (speed of light, occupancy, warp
+stalls, memory) for the bf16 forward at N = 16k to ncu_fwd_bf16.txt (CSV after ncu's own
+lines). Needs a CUDA GPU, torch and CuPy (no Hydra).
 """
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -176,12 +179,50 @@ def host_part(args, base, out_dir, cupy_backend, device):
     atomic_write(os.path.join(out_dir, "host_profile.txt"), "\n".join(profiles))
 
 
+# (name, REPRO_KERNEL or None for the dispatcher's choice): linear attention as it runs unforced
+# (fp32: the chunked torch path) and on the CuPy kernels, beside SDPA softmax
+LAYERS = (("softmax", None), ("linear", None), ("linear", "cupy"))
+
+
+def layer_part(args, base, out_dir, cupy_backend, device):
+    """layer.csv: one attention layer's forward + backward at the MNIST model's shape (d_model
+    256, 8 heads, batch 10, N = 784, causal): ms per call and CUDA kernels launched per call, for
+    softmax (SDPA), linear as dispatched and linear on the CuPy kernels, in fp32 and bf16."""
+    from repro.attention import LinearAttention, SoftmaxAttention
+    from repro.kernels.backend import forcing
+
+    rows = []
+    for dtype_name in args.dtypes:
+        dtype = DTYPES[dtype_name]
+        for name, kernel in LAYERS:
+            torch.manual_seed(0)
+            cls = SoftmaxAttention if name == "softmax" else LinearAttention
+            layer = cls(256, 8).to(device=device, dtype=dtype)
+            x = torch.randn(10, 784, 256, device=device, dtype=dtype, requires_grad=True)
+            up = torch.randn_like(x)
+
+            def fn(layer=layer, x=x, up=up):
+                torch.autograd.grad(layer(x, causal=True), (x, *layer.parameters()), up)
+
+            with forcing(kernel) if kernel else contextlib.nullcontext():
+                ms = event_ms(fn)
+                kernels = profile_pass(fn, 5)
+            rows.append({**base, "task": "kernels.layer", "attention": name, "kernel": kernel or "dispatcher",
+                         "pass": "fwd_bwd", "dtype": dtype_name, "batch": 10, "heads": 8, "n": 784, "d_model": 256,
+                         "ms": ms, "kernels_per_call": sum(r["launches_per_call"] for r in kernels),
+                         "top_kernel": kernels[0]["kernel"][:100] if kernels else ""})
+            print(f"layer {name:8s} ({kernel or 'dispatcher'}) {dtype_name}: {ms:7.3f} ms, "
+                  f"{rows[-1]['kernels_per_call']:.0f} kernels per forward + backward", flush=True)
+    atomic_write(os.path.join(out_dir, "layer.csv"), rows_to_csv(rows))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", default=None, help="where the files go (default results/profile/<device>)")
-    ap.add_argument("--parts", nargs="+", default=["kernels", "host"], choices=["kernels", "host", "groups"],
+    ap.add_argument("--parts", nargs="+", default=["kernels", "host"], choices=["kernels", "host", "groups", "layer"],
                     help="kernels: kernel_times.csv; host: host_overhead.csv, host_profile.txt; groups: "
-                    "chunks_per_group.csv, the forward's time against the chunks per group (the launch's gridDim.y)")
+                    "chunks_per_group.csv, the forward's time against the chunks per group (the launch's gridDim.y); "
+                    "layer: layer.csv, one attention layer's forward + backward at the MNIST model's shape")
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     ap.add_argument("--calls", type=int, default=10)
@@ -204,7 +245,7 @@ def main(argv=None) -> int:
     base = provenance(device)
     out_dir = args.out_dir or os.path.join("results", "profile", base["device"].replace(" ", "_"))
     os.makedirs(out_dir, exist_ok=True)
-    parts = {"kernels": kernels_part, "host": host_part, "groups": groups}
+    parts = {"kernels": kernels_part, "host": host_part, "groups": groups, "layer": layer_part}
     for part in args.parts:
         parts[part](args, base, out_dir, cupy_backend, device)
     if args.ncu:
