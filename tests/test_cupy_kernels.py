@@ -93,6 +93,18 @@ def test_tile_constants_agree():
     assert (tc["TC_P"], tc["TC_SP"]) == (cupy_backend.TC_P, cupy_backend.TC_SP) and tc["TC_P"] == emulate.TC_P
 
 
+def test_the_bare_tensor_core_product_fits_three_blocks_per_h100_sm():
+    """The tensor-core chunk kernel's shared memory at D = 64 (causal_dot_tc.cu's layout): with
+    the normaliser's fp32 scores 83,456 bytes, 2 blocks in an H100 SM (228 KiB, 1 KiB reserved
+    per block; the profile found 2 and a latency-bound kernel), without them 65,024, 3. The
+    kernels' correctness at both sizes is the GPU tests' (and memcheck's) to show."""
+    per_sm, reserved = 228 * 1024, 1024
+    for norm, size, blocks in ((True, 83456, 2), (False, 65024, 3)):
+        got = cupy_backend.smem_chunks_tc(64, norm)
+        assert (got, per_sm // (got + reserved)) == (size, blocks)
+    assert cupy_backend.smem_chunks_tc(130, False) < cupy_backend.smem_chunks_tc(130, True)
+
+
 def _np(*shape, rng):
     return rng.standard_normal(shape)
 
@@ -290,6 +302,25 @@ def test_launch_group_sizes_and_reverse(on_cupy, cpg, rev, dtype, tensor_cores):
     f = (lambda x: x.flip(1)) if rev else (lambda x: x)
     ref = f(causal_dot_product_naive(f(q), f(k), f(v)))
     assert rel_err(out, ref) <= TOL[dtype]
+
+
+@needs_gpu
+@pytest.mark.parametrize("shape", [(1, 2, 200, 64, 64), (2, 1, 333, 130, 70), (1, 3, 390, 37, 80)])
+def test_bare_product_with_less_shared_memory_is_the_same(on_cupy, monkeypatch, shape):
+    """BARE_SMEM: the bare tensor-core product asks only the shared memory it uses (no fp32
+    scores tile); the sums, and so the outputs and gradients, are bit for bit those of the full
+    allocation, and match the float64 reference (several groups: the states pass too)."""
+    inputs = _inputs(*shape, torch.bfloat16, scale=0.5)
+    runs = {}
+    for bare in (False, True):
+        monkeypatch.setattr(cupy_backend, "BARE_SMEM", bare)
+        out = causal_dot_product(*inputs)
+        runs[bare] = (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)))
+        _check_against_naive(causal_dot_product, causal_dot_product_naive, inputs, TOL[torch.bfloat16])
+        q, k, v = (x.detach().flatten(0, 1) for x in inputs)
+        grouped = cupy_backend.launch(q, k, v, cpg=2, tensor_cores=True)[0]
+        runs[bare] += (grouped,)
+    assert all(torch.equal(a, b) for a, b in zip(runs[False], runs[True]))
 
 
 @needs_gpu

@@ -77,7 +77,8 @@ __device__ __forceinline__ void load_tile16(u16* dst, const T* src, int t0, int 
 }
 
 // grid (BH, n_groups, n_mtiles) as cdp_chunks. Dp = D rounded up to a multiple of 64.
-// smem bytes: 4 (Dp TC_SP + CHUNK TC_SP + Dp + CHUNK) + 2 (4 CHUNK TC_P + TILE (Dp + 8)).
+// smem bytes: 4 (Dp TC_SP + [NORM] CHUNK TC_SP + Dp + CHUNK) + 2 (4 CHUNK TC_P + TILE (Dp + 8)):
+// the fp32 scores only with the normaliser, so that the bare product fits 3 blocks per SM.
 template <typename T, bool REV, bool NORM>
 __global__ void __launch_bounds__(TC_THREADS)
 cdp_chunks_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -87,8 +88,8 @@ cdp_chunks_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     const int Dp = (D + TC_TILE - 1) / TC_TILE * TC_TILE;
     const int STP = Dp + 8;                    // pitch of S^T
     float* Ss = smem;                          // [Dp][TC_SP] fp32 state, rows >= D stay zero
-    float* As32 = Ss + Dp * TC_SP;             // [CHUNK][TC_SP] masked scores, fp32 (normaliser)
-    float* Zs = As32 + TC_CHUNK * TC_SP;       // [Dp]
+    float* As32 = Ss + Dp * TC_SP;             // [CHUNK][TC_SP] masked scores, fp32 (NORM only)
+    float* Zs = As32 + (NORM ? TC_CHUNK * TC_SP : 0);  // [Dp]
     float* dens = Zs + Dp;                     // [CHUNK]
     u16* Qs = reinterpret_cast<u16*>(dens + TC_CHUNK);  // [token][d]
     u16* Ks = Qs + TC_CHUNK * TC_P;            // [token][d]; [d][token] in the state update

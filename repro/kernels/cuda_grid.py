@@ -14,9 +14,11 @@ def smem_chunks(d):
     return 4 * (d * TILE + d + 4 * CHUNK * PITCH + CHUNK)
 
 
-def smem_chunks_tc(d):
+def smem_chunks_tc(d, norm=True):
+    """The tensor-core chunk kernel's bytes; its fp32 scores tile only with the normaliser (the
+    bare product at D = 64: 65,024 bytes, 3 blocks per H100 SM, where 83,456 fit 2)."""
     dp = math.ceil(d / TILE) * TILE
-    return 4 * (dp * TC_SP + CHUNK * TC_SP + dp + CHUNK) + 2 * (4 * CHUNK * TC_P + TILE * (dp + 8))
+    return 4 * (dp * TC_SP + (CHUNK * TC_SP if norm else 0) + dp + CHUNK) + 2 * (4 * CHUNK * TC_P + TILE * (dp + 8))
 
 
 def smem_group_states_tc(d):

@@ -56,6 +56,9 @@ FASTER_DTYPES = {"causal_dot_product": (torch.bfloat16,), "causal_linear_attenti
 
 # bf16 products on tensor cores (causal_dot_tc.cu); fp32 and fp16 always take the FMA kernel.
 TENSOR_CORES = True
+# The bare tensor-core product asks only the shared memory it uses (65 KB at D = 64: 3 blocks per
+# H100 SM, not 2). Off until an H100 measures it: profile_kernels --parts smem (docs/kernels.md).
+BARE_SMEM = False
 
 STEP_THREADS = 128  # recurrent_step.cu
 KERNEL_DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
@@ -210,7 +213,7 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
     den = _empty((bh, n), torch.float32, dev) if norm else None
     states = _empty((bh, n_groups, d, mtot), torch.float32, dev) if n_groups > 1 else None
     if tensor_cores is None:
-        tensor_cores = TENSOR_CORES and smem_chunks_tc(d) <= props.shared_memory_per_block_optin
+        tensor_cores = TENSOR_CORES and smem_chunks_tc(d, norm or not BARE_SMEM) <= props.shared_memory_per_block_optin
     tensor_cores = tensor_cores and q.dtype == torch.bfloat16
     i32 = np.int32
     CALLS["launch"] += 1
@@ -226,7 +229,7 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
             _kernel("cdp_scan_states", dev.index, 0)(
                 (math.ceil(bh * per_slot / 256),), (256,),
                 (_ptr(states), np.int64(bh), i32(per_slot), i32(n_groups)))
-        smem = smem_chunks_tc(d) if tensor_cores else smem_chunks(d)
+        smem = smem_chunks_tc(d, norm or not BARE_SMEM) if tensor_cores else smem_chunks(d)
         _kernel(f"cdp_chunks{tc}<{flags}>", dev.index, smem)(
             (bh, n_groups, n_mt), (NTHREADS,),
             (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
