@@ -610,6 +610,8 @@ def test_bench_fast_transformers_source_from_the_sdist(tmp_path):
         tar.addfile(info, io.BytesIO(data))
     assert peers.find_ft_sdist(sdist) == sdist
     assert peers.extract_ft_source(sdist, tmp_path / "build").read_bytes() == data
+    with pytest.raises(SystemExit, match=r"no fast_transformers/causal_product/causal_product_cpu\.cpp inside"):
+        peers.build_ft_cpu(sdist)  # the CPU peer's file is not in this one
     assert "CUDA" in peers.fast_transformers("cpu", sdist).why  # the device asked for, GPU or not
     if not CUDA:
         assert "CUDA" in peers.fast_transformers("cuda", sdist).why

@@ -61,15 +61,15 @@ def find_ft_sdist(path=None):
     return None
 
 
-def extract_ft_source(sdist, dest=BUILD):
-    """causal_product_cuda.cu out of the sdist into dest; its path."""
+def extract_ft_source(sdist, dest=BUILD, member=FT_MEMBER):
+    """One source file (by default causal_product_cuda.cu) out of the sdist into dest; its path."""
     with tarfile.open(sdist) as tar:
-        member = next((m for m in tar.getmembers() if m.name.endswith(FT_MEMBER)), None)
-        if member is None:
-            raise FileNotFoundError(f"{sdist} holds no {FT_MEMBER}")
+        found = next((m for m in tar.getmembers() if m.name.endswith(member)), None)
+        if found is None:
+            raise FileNotFoundError(f"{sdist} holds no {member}")
         dest.mkdir(parents=True, exist_ok=True)
-        out = dest / "causal_product_cuda.cu"
-        out.write_bytes(tar.extractfile(member).read())
+        out = dest / Path(member).name
+        out.write_bytes(tar.extractfile(found).read())
     return out
 
 
@@ -201,14 +201,13 @@ def build_ft_cpu(sdist: Path):
     cached under ~/.cache/torch_extensions; about a minute the first time on this machine)."""
     from torch.utils.cpp_extension import load
 
-    src_dir = Path(tempfile.mkdtemp(prefix="ft_sdist_"))
     member = "fast_transformers/causal_product/causal_product_cpu.cpp"
-    with tarfile.open(sdist) as tar:
-        names = [m for m in tar.getmembers() if m.name.endswith(member)]
-        if not names:
-            raise SystemExit(f"--peer-sdist {sdist}: no {member} inside; expected the PyPI sdist of {PEER_DIST} 0.4.0")
-        tar.extractall(src_dir, members=names, filter="data")
-    return ft_autograd(load("fast_transformers_causal_product_cpu", [str(src_dir / names[0].name)],
+    try:
+        src = extract_ft_source(sdist, Path(tempfile.mkdtemp(prefix="ft_sdist_")), member)
+    except FileNotFoundError:
+        raise SystemExit(f"--peer-sdist {sdist}: no {member} inside; expected the PyPI sdist of {PEER_DIST} 0.4.0") \
+            from None
+    return ft_autograd(load("fast_transformers_causal_product_cpu", [str(src)],
                             extra_cflags=["-O3", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"]))
 
 
