@@ -86,3 +86,26 @@ def test_layer_part_times_each_layer_and_counts_its_kernels(tmp_path, monkeypatc
     assert list(df.attention) == ["softmax", "linear"] and list(df.kernel) == ["dispatcher", "torch"]
     assert (df.ms == 2.5).all() and (df.kernels_per_call == 3.0).all() and (df.n == 784).all()
     assert seen == [5, 5]
+
+
+def test_host_paths_call_each_layer_of_the_launch_path():
+    """Each host path calls what it names: the bare launch on (BH, N, X) tensors, the op without
+    autograd, the backward op directly, and the op through autograd (with gradients)."""
+    from repro.kernels.reference import causal_dot_product_naive
+
+    calls = []
+
+    def op(q, k, v):
+        calls.append(("op", torch.is_grad_enabled() and q.requires_grad))
+        return causal_dot_product_naive(q, k, v)
+
+    fake = SimpleNamespace(
+        launch=lambda q, k, v: calls.append(("launch", q.dim())),
+        causal_dot_product=op,
+        _cdp_backward=lambda q, k, v, g: calls.append(("op_bwd", q.requires_grad, g.shape == v.shape)))
+    (q, k, v), up = profile_kernels.inputs(1, 2, 9, 4, 3, torch.float64, torch.device("cpu"), grad=True)
+    paths = profile_kernels.host_paths(fake, q, k, v, up)
+    assert list(paths) == ["launch", "op_fwd", "op_bwd", "fwd", "fwd_bwd"]
+    for fn in paths.values():
+        fn()
+    assert calls == [("launch", 3), ("op", False), ("op_bwd", False, True), ("op", True), ("op", True)]

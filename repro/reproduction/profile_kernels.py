@@ -164,18 +164,36 @@ def kernels_part(args, base, out_dir, cupy_backend, device):
     atomic_write(os.path.join(out_dir, "kernel_times.csv"), rows_to_csv(rows))
 
 
+def host_paths(cupy_backend, q, k, v, up) -> dict:
+    """The launch path's layers, each a call on the same tiny inputs: the bare launch, the
+    custom op's forward (no autograd), its backward op called directly, and through autograd the
+    forward and the forward + backward (so each layer's cost is a difference of two rows)."""
+    q3, k3, v3 = (x.detach().flatten(0, 1) for x in (q, k, v))
+    qd, kd, vd = (x.detach() for x in (q, k, v))
+
+    def op_fwd():
+        with torch.no_grad():
+            cupy_backend.causal_dot_product(qd, kd, vd)
+
+    return {"launch": lambda: cupy_backend.launch(q3, k3, v3), "op_fwd": op_fwd,
+            "op_bwd": lambda: cupy_backend._cdp_backward(qd, kd, vd, up),
+            "fwd": the_pass(cupy_backend.causal_dot_product, q, k, v, up, False),
+            "fwd_bwd": the_pass(cupy_backend.causal_dot_product, q, k, v, up, True)}
+
+
 def host_part(args, base, out_dir, cupy_backend, device):
-    """host_overhead.csv: the wall time per call of a tiny problem; host_profile.txt: where the host spends it."""
+    """host_overhead.csv: the wall time per call of a tiny problem along each layer of the launch
+    path (host_paths); host_profile.txt: where the host spends the forward + backward (cProfile)."""
     host, profiles = [], []
     for dtype_name in args.dtypes:
-        for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
-            (q, k, v), up = inputs(1, 1, 64, 64, 64, DTYPES[dtype_name], device, grad)
-            fn = the_pass(cupy_backend.causal_dot_product, q, k, v, up, grad)
+        (q, k, v), up = inputs(1, 1, 64, 64, 64, DTYPES[dtype_name], device, True)
+        for path, fn in host_paths(cupy_backend, q, k, v, up).items():
             us = host_us_per_call(fn)
-            profiles.append(f"## {dtype_name} {pass_name}: {us:.1f} us per call\n{host_profile(fn)}")
-            host.append({**base, "task": "kernels.host", "pass": pass_name, "dtype": dtype_name, "batch": 1,
+            if path == "fwd_bwd":
+                profiles.append(f"## {dtype_name} {path}: {us:.1f} us per call\n{host_profile(fn)}")
+            host.append({**base, "task": "kernels.host", "pass": path, "dtype": dtype_name, "batch": 1,
                          "heads": 1, "n": 64, "d": 64, "m": 64, "host_us_per_call": us})
-            print(f"host: {dtype_name} {pass_name}: {us:.1f} us per call (B = H = 1, N = 64)", flush=True)
+            print(f"host: {dtype_name} {path}: {us:.1f} us per call (B = H = 1, N = 64)", flush=True)
     atomic_write(os.path.join(out_dir, "host_overhead.csv"), rows_to_csv(host))
     atomic_write(os.path.join(out_dir, "host_profile.txt"), "\n".join(profiles))
 
