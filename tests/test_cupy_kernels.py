@@ -305,22 +305,28 @@ def test_launch_group_sizes_and_reverse(on_cupy, cpg, rev, dtype, tensor_cores):
 
 
 @needs_gpu
-@pytest.mark.parametrize("shape", [(1, 2, 200, 64, 64), (2, 1, 333, 130, 70), (1, 3, 390, 37, 80)])
-def test_bare_product_with_less_shared_memory_is_the_same(on_cupy, monkeypatch, shape):
-    """BARE_SMEM: the bare tensor-core product asks only the shared memory it uses (no fp32
-    scores tile); the sums, and so the outputs and gradients, are bit for bit those of the full
-    allocation, and match the float64 reference (several groups: the states pass too)."""
+@pytest.mark.parametrize("shape", [(1, 2, 200, 64, 64), (2, 1, 333, 130, 70), (1, 3, 390, 37, 80),
+                                   (2, 2, 150, 8, 24), (1, 1, 100, 136, 16)])
+def test_tensor_core_variants_are_the_same(on_cupy, monkeypatch, shape):
+    """BARE_SMEM (the bare product asks only the shared memory it uses) and VEC_LOADS (Q and K
+    tiles by 16-byte loads, where D % 8 == 0 and the rows are aligned; a misaligned tensor and
+    odd D keep 2-byte loads): the same sums, so outputs and gradients (the backward's reversed
+    launches too) bit for bit those of the plain kernel, and the float64 reference's."""
     inputs = _inputs(*shape, torch.bfloat16, scale=0.5)
+    q, k, v = (x.detach().flatten(0, 1) for x in inputs)
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
+    q_off = buf[1:].view(q.shape).copy_(q)  # 2 bytes past alignment: the launcher must not vectorise it
     runs = {}
-    for bare in (False, True):
+    for bare, vec in ((False, False), (True, False), (False, True), (True, True)):
         monkeypatch.setattr(cupy_backend, "BARE_SMEM", bare)
+        monkeypatch.setattr(cupy_backend, "VEC_LOADS", vec)
         out = causal_dot_product(*inputs)
-        runs[bare] = (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)))
+        runs[bare, vec] = (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)),
+                           cupy_backend.launch(q, k, v, cpg=2, tensor_cores=True)[0],  # several groups
+                           cupy_backend.launch(q_off, k, v, rev=True, tensor_cores=True)[0])
         _check_against_naive(causal_dot_product, causal_dot_product_naive, inputs, TOL[torch.bfloat16])
-        q, k, v = (x.detach().flatten(0, 1) for x in inputs)
-        grouped = cupy_backend.launch(q, k, v, cpg=2, tensor_cores=True)[0]
-        runs[bare] += (grouped,)
-    assert all(torch.equal(a, b) for a, b in zip(runs[False], runs[True]))
+    for variant, got in runs.items():
+        assert all(torch.equal(a, b) for a, b in zip(runs[False, False], got)), variant
 
 
 @needs_gpu

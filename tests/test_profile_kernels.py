@@ -109,3 +109,30 @@ def test_host_paths_call_each_layer_of_the_launch_path():
     for fn in paths.values():
         fn()
     assert calls == [("launch", 3), ("op", False), ("op_bwd", False, True), ("op", True), ("op", True)]
+
+
+def test_variants_part_interleaves_the_switches_and_restores_them(tmp_path, monkeypatch):
+    """Each round times the four (BARE_SMEM, VEC_LOADS) settings in turn, compares each output
+    with the plain kernel's, and leaves the switches as it found them (also on an error)."""
+    import argparse
+
+    import pandas as pd
+
+    from repro.common.results import provenance
+
+    seen = []
+
+    def launch(q, k, v, tensor_cores):
+        seen.append((fake.BARE_SMEM, fake.VEC_LOADS))
+        return (q + (1.0 if fake.VEC_LOADS and fake.BARE_SMEM else 0.0), None)  # one variant differs
+
+    fake = SimpleNamespace(BARE_SMEM="was-a", VEC_LOADS="was-b", launch=launch)
+    monkeypatch.setattr(profile_kernels, "event_ms", lambda fn: (fn(), 1.5)[1])
+    args = argparse.Namespace(lengths=[16, 32])
+    profile_kernels.variants_part(args, provenance(torch.device("cpu")), str(tmp_path), fake, torch.device("cpu"))
+    df = pd.read_csv(tmp_path / "tc_variants.csv")
+    assert len(df) == 2 * 3 * 4 and list(df["round"][:8]) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [tuple(x) for x in df[["bare_smem", "vec_loads"]].values[:4]] == list(profile_kernels.VARIANTS)
+    assert list(df.same_output[:4]) == [True, True, True, False]
+    assert (fake.BARE_SMEM, fake.VEC_LOADS) == ("was-a", "was-b")
+    assert set(seen) == set(profile_kernels.VARIANTS)

@@ -62,8 +62,25 @@ __device__ __forceinline__ void mma_k16(float (&acc)[4][4], const u16* X, int px
 
 // dst = a (CHUNK x TILE) tile of src rows t0.. (reversed when REV), columns c0.., as raw 16-bit
 // values, zero outside (N, ld); stored [r][c] or, when TRANS, [c][r]. Pitch TC_P.
+// vec (untransposed only; the launcher sets it only where ld % 8 == 0 and src is 16-byte
+// aligned, so a row's 8-column group lies wholly inside or outside ld): 16-byte loads and
+// stores, 8 elements a thread, rather than 2-byte ones (TC_P * 2 = 144 bytes keeps rows aligned).
 template <typename T, bool REV, bool TRANS>
-__device__ __forceinline__ void load_tile16(u16* dst, const T* src, int t0, int N, int ld, int c0) {
+__device__ __forceinline__ void load_tile16(u16* dst, const T* src, int t0, int N, int ld, int c0,
+                                            bool vec = false) {
+    if (!TRANS && vec) {
+        for (int idx = threadIdx.x; idx < TC_CHUNK * TC_TILE / 8; idx += TC_THREADS) {
+            const int r = idx / (TC_TILE / 8), c = idx % (TC_TILE / 8) * 8;
+            const int t = t0 + r, col = c0 + c;
+            uint4 x = make_uint4(0u, 0u, 0u, 0u);
+            if (t < N && col < ld) {
+                const long long row = REV ? (long long)(N - 1 - t) : (long long)t;
+                x = *reinterpret_cast<const uint4*>(src + row * ld + col);
+            }
+            *reinterpret_cast<uint4*>(dst + r * TC_P + c) = x;
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < TC_CHUNK * TC_TILE; idx += TC_THREADS) {
         const int r = idx / TC_TILE, c = idx % TC_TILE;
         const int t = t0 + r, col = c0 + c;
@@ -76,14 +93,15 @@ __device__ __forceinline__ void load_tile16(u16* dst, const T* src, int t0, int 
     }
 }
 
-// grid (BH, n_groups, n_mtiles) as cdp_chunks. Dp = D rounded up to a multiple of 64.
+// grid (BH, n_groups, n_mtiles) as cdp_chunks. Dp = D rounded up to a multiple of 64. vec: Q and
+// K tiles by 16-byte loads (load_tile16).
 // smem bytes: 4 (Dp TC_SP + [NORM] CHUNK TC_SP + Dp + CHUNK) + 2 (4 CHUNK TC_P + TILE (Dp + 8)):
 // the fp32 scores only with the normaliser, so that the bare product fits 3 blocks per SM.
 template <typename T, bool REV, bool NORM>
 __global__ void __launch_bounds__(TC_THREADS)
 cdp_chunks_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
               const float* __restrict__ states, T* __restrict__ out, float* __restrict__ den_out,
-              int N, int D, int M, int Mtot, int cpg, int n_groups, float eps) {
+              int N, int D, int M, int Mtot, int cpg, int n_groups, float eps, int vec) {
     extern __shared__ float smem[];
     const int Dp = (D + TC_TILE - 1) / TC_TILE * TC_TILE;
     const int STP = Dp + 8;                    // pitch of S^T
@@ -123,8 +141,8 @@ cdp_chunks_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
         float a[4][4] = {}, o[4][4] = {};
         float qz = 0.f;
         for (int d0 = 0; d0 < Dp; d0 += TC_TILE) {
-            load_tile16<T, REV, false>(Qs, q, t0, N, D, d0);
-            load_tile16<T, REV, false>(Ks, k, t0, N, D, d0);
+            load_tile16<T, REV, false>(Qs, q, t0, N, D, d0, vec);
+            load_tile16<T, REV, false>(Ks, k, t0, N, D, d0, vec);
             __syncthreads();
 #pragma unroll
             for (int kk = 0; kk < TC_TILE; kk += 16) {

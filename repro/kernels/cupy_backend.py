@@ -57,8 +57,11 @@ FASTER_DTYPES = {"causal_dot_product": (torch.bfloat16,), "causal_linear_attenti
 # bf16 products on tensor cores (causal_dot_tc.cu); fp32 and fp16 always take the FMA kernel.
 TENSOR_CORES = True
 # The bare tensor-core product asks only the shared memory it uses (65 KB at D = 64: 3 blocks per
-# H100 SM, not 2). Off until an H100 measures it: profile_kernels --parts smem (docs/kernels.md).
+# H100 SM, not 2). Off until an H100 measures it: profile_kernels --parts variants (docs/kernels.md).
 BARE_SMEM = False
+# The tensor-core kernel loads its Q and K tiles 16 bytes a thread rather than 2 (where D % 8 == 0
+# and the tensors are 16-byte aligned). Off until an H100 measures it, as BARE_SMEM.
+VEC_LOADS = False
 
 STEP_THREADS = 128  # recurrent_step.cu
 KERNEL_DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
@@ -230,11 +233,11 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
                 (math.ceil(bh * per_slot / 256),), (256,),
                 (_ptr(states), np.int64(bh), i32(per_slot), i32(n_groups)))
         smem = smem_chunks_tc(d, norm or not BARE_SMEM) if tensor_cores else smem_chunks(d)
-        _kernel(f"cdp_chunks{tc}<{flags}>", dev.index, smem)(
-            (bh, n_groups, n_mt), (NTHREADS,),
-            (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
-             i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups), np.float32(eps)),
-            shared_mem=smem)
+        args = (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
+                i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups), np.float32(eps))
+        if tensor_cores:  # 16-byte loads of Q and K where every row stays 16-byte aligned
+            args += (i32(VEC_LOADS and d % 8 == 0 and q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0),)
+        _kernel(f"cdp_chunks{tc}<{flags}>", dev.index, smem)((bh, n_groups, n_mt), (NTHREADS,), args, shared_mem=smem)
     return out, den
 
 

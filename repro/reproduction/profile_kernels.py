@@ -11,7 +11,7 @@ microseconds, so the time is the launch path's own, and host_profile.txt where i
 (cProfile). --parts groups times the forward against the chunks each block walks
 (chunks_per_group.csv); --parts layer one attention layer's forward + backward at the MNIST
 model's shape, softmax against linear, in ms and CUDA kernels per call (layer.csv); --parts
-smem the bare tensor-core product with only the shared memory it uses, A/B (smem_ab.csv). With
+variants the tensor-core kernel's switched-off variants against it (tc_variants.csv). With
 Nsight Compute (`ncu`) on the PATH, --ncu also writes its details page (speed of light,
 occupancy, warp stalls, memory) for the bf16 forward at N = 16k to ncu_fwd_bf16.txt (CSV after
 ncu's own lines). Needs a CUDA GPU, torch and CuPy (no Hydra).
@@ -198,32 +198,35 @@ def host_part(args, base, out_dir, cupy_backend, device):
     atomic_write(os.path.join(out_dir, "host_profile.txt"), "\n".join(profiles))
 
 
-def smem_part(args, base, out_dir, cupy_backend, device):
-    """smem_ab.csv: the bf16 forward with the bare product's shared memory as the normalised one's
-    (BARE_SMEM off: 2 blocks per H100 SM) and as it uses (on: 3), interleaved, 3 rounds, B = H = 8,
-    D = M = 64; the two outputs must be equal (the same sums, only the allocation differs)."""
-    rows, was = [], cupy_backend.BARE_SMEM
+VARIANTS = ((False, False), (True, False), (False, True), (True, True))  # (BARE_SMEM, VEC_LOADS)
+
+
+def variants_part(args, base, out_dir, cupy_backend, device):
+    """tc_variants.csv: the bf16 forward on the tensor-core kernel with each of its switched-off
+    variants (BARE_SMEM: only the shared memory the bare product uses, 3 blocks per H100 SM rather
+    than 2; VEC_LOADS: 16-byte loads of Q and K) and both, interleaved, 3 rounds, B = H = 8,
+    D = M = 64; each variant's output must equal the plain kernel's (the same sums)."""
+    rows, was = [], (cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS)
     try:
         for n in args.lengths:
             (q, k, v), _ = inputs(1, 64, n, 64, 64, torch.bfloat16, device)
             q, k, v = (x[0] for x in (q, k, v))
-            outs = {}
+            outs, at = {}, len(rows)
             for rnd in range(3):
-                for bare in (False, True):
-                    cupy_backend.BARE_SMEM = bare
-                    outs[bare] = cupy_backend.launch(q, k, v)[0]
-                    ms = event_ms(lambda x=(q, k, v): cupy_backend.launch(*x))
-                    rows.append({**base, "task": "kernels.smem", "pass": "fwd", "dtype": "bf16", "batch": 8,
-                                 "heads": 8, "n": n, "d": 64, "m": 64, "bare_smem": bare, "round": rnd, "ms": ms})
-                    print(f"bf16 N={n:6d} BARE_SMEM={bare!s:5s} round {rnd}: {ms:8.3f} ms", flush=True)
-            same = bool(torch.equal(outs[False], outs[True]))
-            for r in rows:
-                if r["n"] == n:
-                    r["same_output"] = same
-            print(f"bf16 N={n:6d}: outputs {'equal' if same else 'DIFFER'}", flush=True)
+                for bare, vec in VARIANTS:
+                    cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS = bare, vec
+                    outs[bare, vec] = cupy_backend.launch(q, k, v, tensor_cores=True)[0]
+                    ms = event_ms(lambda x=(q, k, v): cupy_backend.launch(*x, tensor_cores=True))
+                    rows.append({**base, "task": "kernels.variants", "pass": "fwd", "dtype": "bf16", "batch": 8,
+                                 "heads": 8, "n": n, "d": 64, "m": 64, "bare_smem": bare, "vec_loads": vec,
+                                 "round": rnd, "ms": ms})
+                    print(f"bf16 N={n:6d} BARE_SMEM={bare!s:5s} VEC_LOADS={vec!s:5s} round {rnd}: {ms:8.3f} ms",
+                          flush=True)
+            for r in rows[at:]:
+                r["same_output"] = bool(torch.equal(outs[False, False], outs[r["bare_smem"], r["vec_loads"]]))
     finally:
-        cupy_backend.BARE_SMEM = was
-    atomic_write(os.path.join(out_dir, "smem_ab.csv"), rows_to_csv(rows))
+        cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS = was
+    atomic_write(os.path.join(out_dir, "tc_variants.csv"), rows_to_csv(rows))
 
 
 # (name, REPRO_KERNEL or None for the dispatcher's choice): linear attention as it runs unforced
@@ -267,11 +270,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", default=None, help="where the files go (default results/profile/<device>)")
     ap.add_argument("--parts", nargs="+", default=["kernels", "host"],
-                    choices=["kernels", "host", "groups", "layer", "smem"],
+                    choices=["kernels", "host", "groups", "layer", "variants"],
                     help="kernels: kernel_times.csv; host: host_overhead.csv, host_profile.txt; groups: "
                     "chunks_per_group.csv, the forward's time against the chunks per group (the launch's gridDim.y); "
                     "layer: layer.csv, one attention layer's forward + backward at the MNIST model's shape; "
-                    "smem: smem_ab.csv, the bare tensor-core product with less shared memory, A/B")
+                    "variants: tc_variants.csv, the tensor-core kernel's switched-off variants against it")
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     ap.add_argument("--calls", type=int, default=10)
@@ -294,7 +297,8 @@ def main(argv=None) -> int:
     base = provenance(device)
     out_dir = args.out_dir or os.path.join("results", "profile", base["device"].replace(" ", "_"))
     os.makedirs(out_dir, exist_ok=True)
-    parts = {"kernels": kernels_part, "host": host_part, "groups": groups, "layer": layer_part, "smem": smem_part}
+    parts = {"kernels": kernels_part, "host": host_part, "groups": groups, "layer": layer_part,
+             "variants": variants_part}
     for part in args.parts:
         parts[part](args, base, out_dir, cupy_backend, device)
     if args.ncu:

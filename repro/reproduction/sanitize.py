@@ -36,19 +36,22 @@ def main() -> int:
                   torch.nn.functional.elu(k.float()).add(1).to(dtype))
         out, den = cupy_backend.launch(qp, kp, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
         print(f"cdp norm {dtype} tensor_cores={tensor_cores}: finite {bool(torch.isfinite(out).all())}")
-    # the bare tensor-core product with only the shared memory it uses (BARE_SMEM): the tools
-    # see any access past the smaller allocation
-    q, k, v = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (d, d, m))
-    was, cupy_backend.BARE_SMEM = cupy_backend.BARE_SMEM, True
+    # the tensor-core variants (BARE_SMEM: only the shared memory the bare product uses;
+    # VEC_LOADS: 16-byte loads, D = 64 so they apply): the tools see any access out of bounds
+    q, k, v = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (64, 64, m))
+    was = cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS
     try:
-        out, _ = cupy_backend.launch(q, k, v, cpg=2, tensor_cores=True)
+        cupy_backend.BARE_SMEM = cupy_backend.VEC_LOADS = True
+        for rev in (False, True):
+            out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=2, tensor_cores=True)
+            f = (lambda x: x.flip(1)) if rev else (lambda x: x)
+            ref = f(causal_dot_product_naive(*(f(x).double() for x in (q, k, v))))
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            print(f"cdp bf16 tensor_cores=True BARE_SMEM=VEC_LOADS=True rev={rev}: relative error {err:.2e}")
+            if not err <= 1e-2:
+                failures.append(("bf16 BARE_SMEM VEC_LOADS", rev, err))
     finally:
-        cupy_backend.BARE_SMEM = was
-    ref = causal_dot_product_naive(*(x.double() for x in (q, k, v)))
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    print(f"cdp bf16 tensor_cores=True BARE_SMEM=True: relative error {err:.2e}")
-    if not err <= 1e-2:
-        failures.append(("bf16 BARE_SMEM", err))
+        cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS = was
     S, Z = torch.zeros(bh, d, m, device="cuda"), torch.zeros(bh, d, device="cuda")
     step = cupy_backend.linear_attention_step(qp[:, 0].float(), kp[:, 0].float(), v[:, 0].float(), S, Z, 1e-6)
     torch.cuda.synchronize()
