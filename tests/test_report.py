@@ -511,6 +511,16 @@ def test_a_column_takes_one_run_never_a_mix_of_folders(tmp_path):
     for att, v in (("softmax", "1.7"), ("linear", "1.65"), ("lsh-4", "1.6")):
         assert cells(md, att, "### Table 1: MNIST")["our bits/dim, CPU"] == v
     assert "Our bits/dim, CPU: one run, `b_long`" in md and "left out of this column, not mixed in: `z_short`" in md
+    # the commits its runs were made at, from the folder's raw rows: one per attention where they
+    # differ (runs added in a later GPU window)
+    (tmp_path / "b_long" / "image_rows.jsonl").write_text("".join(
+        json.dumps({"attention": a, "kind": "final", "git_sha": sha}) + "\n"
+        for a, sha in (("softmax", "aaaaaaa1111"), ("linear", "bbbbbbb2222"), ("lsh-4", "aaaaaaa1111"))))
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    assert f"; {CPU}, git aaaaaaa (softmax, lsh-4), bbbbbbb (linear))" in md
+    (tmp_path / "b_long" / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "git_sha": "ccccccc3"}))
+    assert f"; {CPU}, git ccccccc)" in build(tmp_path, tmp_path / "REPORT.md")
+    (tmp_path / "b_long" / "image_rows.jsonl").unlink()
     (tmp_path / "b_long" / "bpd_final.csv").unlink()  # one run alone: taken, no note
     md = build(tmp_path, tmp_path / "REPORT.md")
     assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "1.9" and "left out" not in md

@@ -22,9 +22,10 @@ from repro.reproduction.report.format import (
     num,
     run_rows,
 )
-from repro.reproduction.report.schema import Table, failed, named
+from repro.reproduction.report.schema import Rows, Table, failed, named, read_rows
 
 BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
+IMAGE_ROWS = Rows("image_rows.jsonl", {"*": {"attention": str}})  # a bits/dim folder's raw rows
 TABLES = [Table("throughput.csv", {"size": str, "method": str, "batch": float, "images_per_s": float,
                                    "seconds_per_image": float, "status": str, "device": str},
                 {"loadavg_1min_start": float, "loadavg_1min_end": float}),
@@ -224,6 +225,21 @@ def chosen_bpd(ctx) -> dict:
     return ctx.memo["bpd"]
 
 
+def _commits(folder: Path, root) -> str:
+    """', git <sha>' for the commit the folder's runs were made at, from its raw rows, or one sha
+    per attention where they differ (runs added in later GPU windows): '' without raw rows."""
+    path = folder / IMAGE_ROWS.name
+    if not path.is_file():
+        return ""
+    by_sha = {}
+    for r in read_rows(path, root, IMAGE_ROWS):
+        if r.get("git_sha"):
+            by_sha.setdefault(str(r["git_sha"])[:7], {})[r["attention"]] = None
+    if len(by_sha) > 1:
+        return ", git " + ", ".join(f"{sha} ({', '.join(atts)})" for sha, atts in by_sha.items())
+    return f", git {next(iter(by_sha))}" if by_sha else ""
+
+
 def _bpd_note(ctx, ds, cls) -> str | None:
     root, bpd = ctx.root, chosen_bpd(ctx)
     chosen = [v for (d, _, c), v in bpd.items() if (d, c) == (ds, cls)]
@@ -231,7 +247,7 @@ def _bpd_note(ctx, ds, cls) -> str | None:
         return None
     source, devices = chosen[0][1], "; ".join(dict.fromkeys(v[2] for v in chosen if v[2]))
     note = (f"Our bits/dim, {cls}: one run, `{source.relative_to(root)}` (the folder with the most attentions; "
-            f"{devices or 'device not recorded'}): {code(command(source, root))}")
+            f"{devices or 'device not recorded'}{_commits(source, root)}): {code(command(source, root))}")
     left = ctx.memo["bpd_left_out"].get((ds, cls))
     if left:
         note += "; left out of this column, not mixed in: " + ", ".join(f"`{f.relative_to(root)}`" for f in left)
