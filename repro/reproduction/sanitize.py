@@ -14,6 +14,18 @@ from repro.kernels import cupy_backend
 from repro.kernels.reference import causal_dot_product_naive
 
 
+def _check(failures, label, tol, q, k, v, rev, tensor_cores):
+    """One launch (2 groups) against the float64 reference, reversed in time when rev: its
+    relative error printed, and kept in failures past tol."""
+    out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=2, tensor_cores=tensor_cores)
+    f = (lambda x: x.flip(1)) if rev else (lambda x: x)
+    ref = f(causal_dot_product_naive(*(f(x).double() for x in (q, k, v))))
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    print(f"{label} rev={rev}: relative error {err:.2e}")
+    if not err <= tol:
+        failures.append((label, rev, err))
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("repro.reproduction.sanitize: no CUDA device", file=sys.stderr)
@@ -25,31 +37,20 @@ def main() -> int:
                                 (torch.float16, False)):
         q, k, v = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).to(dtype) for x in (d, d, m))
         for rev in (False, True):
-            out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=2, tensor_cores=tensor_cores)  # 2 groups
-            f = (lambda x: x.flip(1)) if rev else (lambda x: x)
-            ref = f(causal_dot_product_naive(*(f(x).double() for x in (q, k, v))))
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            print(f"cdp {dtype} tensor_cores={tensor_cores} rev={rev}: relative error {err:.2e}")
-            if not err <= (1e-5 if dtype == torch.float32 else 1e-2):
-                failures.append((dtype, tensor_cores, rev, err))
+            _check(failures, f"cdp {dtype} tensor_cores={tensor_cores}", 1e-5 if dtype == torch.float32 else 1e-2,
+                   q, k, v, rev, tensor_cores)
         qp, kp = (torch.nn.functional.elu(q.float()).add(1).to(dtype),
                   torch.nn.functional.elu(k.float()).add(1).to(dtype))
         out, den = cupy_backend.launch(qp, kp, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
         print(f"cdp norm {dtype} tensor_cores={tensor_cores}: finite {bool(torch.isfinite(out).all())}")
     # the tensor-core variants (BARE_SMEM: only the shared memory the bare product uses;
     # VEC_LOADS: 16-byte loads, D = 64 so they apply): the tools see any access out of bounds
-    q, k, v = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (64, 64, m))
+    q64, k64, v64 = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (64, 64, m))
     was = cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS
     try:
         cupy_backend.BARE_SMEM = cupy_backend.VEC_LOADS = True
         for rev in (False, True):
-            out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=2, tensor_cores=True)
-            f = (lambda x: x.flip(1)) if rev else (lambda x: x)
-            ref = f(causal_dot_product_naive(*(f(x).double() for x in (q, k, v))))
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            print(f"cdp bf16 tensor_cores=True BARE_SMEM=VEC_LOADS=True rev={rev}: relative error {err:.2e}")
-            if not err <= 1e-2:
-                failures.append(("bf16 BARE_SMEM VEC_LOADS", rev, err))
+            _check(failures, "cdp bf16 tensor_cores=True BARE_SMEM=VEC_LOADS=True", 1e-2, q64, k64, v64, rev, True)
     finally:
         cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS = was
     S, Z = torch.zeros(bh, d, m, device="cuda"), torch.zeros(bh, d, device="cuda")
