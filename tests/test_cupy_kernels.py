@@ -33,6 +33,7 @@ from repro.kernels import (
     causal_dot_product_chunked,
     causal_dot_product_naive,
     cuda_build,
+    cuda_grid,
     cupy_backend,
     select_backend,
 )
@@ -83,14 +84,14 @@ def test_tile_constants_agree():
     src = cuda_build.source("causal_dot.cu")
     defs = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", src)}
     assert (defs["CHUNK"], defs["TILE"], defs["PITCH"], defs["NTHREADS"]) == \
-        (cupy_backend.CHUNK, cupy_backend.TILE, cupy_backend.PITCH, cupy_backend.NTHREADS)
+        (cuda_grid.CHUNK, cuda_grid.TILE, cuda_grid.PITCH, cuda_grid.NTHREADS)
     assert (emulate.CHUNK, emulate.TILE) == (defs["CHUNK"], defs["TILE"])
     assert defs["NTHREADS"] == 16 * 16 and defs["CHUNK"] == defs["TILE"] == 4 * 16  # 4 x 4 per thread
     step = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", cuda_build.source("recurrent_step.cu"))}
     assert step["STEP_THREADS"] == cupy_backend.STEP_THREADS
     tc = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", cuda_build.source("causal_dot_tc.cu"))}
     assert (tc["TC_CHUNK"], tc["TC_TILE"], tc["TC_THREADS"]) == (defs["CHUNK"], defs["TILE"], defs["NTHREADS"])
-    assert (tc["TC_P"], tc["TC_SP"]) == (cupy_backend.TC_P, cupy_backend.TC_SP) and tc["TC_P"] == emulate.TC_P
+    assert (tc["TC_P"], tc["TC_SP"]) == (cuda_grid.TC_P, cuda_grid.TC_SP) and tc["TC_P"] == emulate.TC_P
 
 
 def test_the_bare_tensor_core_product_fits_three_blocks_per_h100_sm():
@@ -100,9 +101,9 @@ def test_the_bare_tensor_core_product_fits_three_blocks_per_h100_sm():
     kernels' correctness at both sizes is the GPU tests' (and memcheck's) to show."""
     per_sm, reserved = 228 * 1024, 1024
     for norm, size, blocks in ((True, 83456, 2), (False, 65024, 3)):
-        got = cupy_backend.smem_chunks_tc(64, norm)
+        got = cuda_grid.smem_chunks_tc(64, norm)
         assert (got, per_sm // (got + reserved)) == (size, blocks)
-    assert cupy_backend.smem_chunks_tc(130, False) < cupy_backend.smem_chunks_tc(130, True)
+    assert cuda_grid.smem_chunks_tc(130, False) < cuda_grid.smem_chunks_tc(130, True)
 
 
 def _np(*shape, rng):
@@ -136,19 +137,19 @@ def test_emulated_tiling_matches_reference(bh, n, d, m, cpg):
 
 @pytest.mark.parametrize("blocks,n_chunks,sms", [(64, 256, 132), (1, 1, 132), (512, 10, 108), (3, 1000, 132)])
 def test_chunks_per_group_covers_every_chunk(blocks, n_chunks, sms):
-    cpg = cupy_backend.chunks_per_group(blocks, n_chunks, sms)
+    cpg = cuda_grid.chunks_per_group(blocks, n_chunks, sms)
     n_groups = -(-n_chunks // cpg)
-    assert 1 <= cpg <= cupy_backend.MAX_CPG and (n_groups - 1) * cpg < n_chunks <= n_groups * cpg
+    assert 1 <= cpg <= cuda_grid.MAX_CPG and (n_groups - 1) * cpg < n_chunks <= n_groups * cpg
 
 
 def test_chunks_per_group_as_measured_on_the_h100():
     """The H100's sweep (results/gpu/.../profile/chunks_per_group.csv): at N = 16k, 8 chunks per
     group, not the 29 that ~4 blocks per SM alone gave; at N = 4k, 8 either way; short
     sequences keep their ~4 blocks per SM."""
-    assert cupy_backend.grid(64, 16384, 64, 132)[:2] == (8, 32)
-    assert cupy_backend.grid(64, 4096, 64, 132)[:2] == (8, 8)
-    assert cupy_backend.grid(64, 1024, 64, 132)[:2] == (2, 8)
-    assert cupy_backend.grid(64, 65536, 64, 132)[:2] == (8, 128)
+    assert cuda_grid.grid(64, 16384, 64, 132)[:2] == (8, 32)
+    assert cuda_grid.grid(64, 4096, 64, 132)[:2] == (8, 8)
+    assert cuda_grid.grid(64, 1024, 64, 132)[:2] == (2, 8)
+    assert cuda_grid.grid(64, 65536, 64, 132)[:2] == (8, 128)
 
 
 def test_backend_declines_cpu_tensors_with_a_reason(monkeypatch):
@@ -667,10 +668,10 @@ def test_launch_grid_fits_cuda_limits():
     """gridDim.y (groups) stays within 65535 even when a caller asks for one chunk per group."""
     n = 64 * 65535 * 3 + 5  # three times the chunks gridDim.y can hold at one chunk per group
     for cpg in (1, 2, None):
-        cpg_used, n_groups, n_mt = cupy_backend.grid(1, n, 64, 132, cpg)
+        cpg_used, n_groups, n_mt = cuda_grid.grid(1, n, 64, 132, cpg)
         assert n_groups <= 65535 and cpg_used * n_groups * 64 >= n > (n_groups - 1) * cpg_used * 64
         assert n_mt == 1
-    assert cupy_backend.grid(4, 6400, 130, 132, 3) == (3, 34, 3)  # a given cpg within the limit stays
+    assert cuda_grid.grid(4, 6400, 130, 132, 3) == (3, 34, 3)  # a given cpg within the limit stays
 
 
 def test_zero_sized_launch_returns_without_a_grid():

@@ -41,24 +41,25 @@ def test_refuses_without_a_gpu_in_one_line(monkeypatch, capsys):
     assert err.count("\n") == 0 and "needs a CUDA device" in err
 
 
-def test_the_pass_runs_forward_and_backward_of_the_op():
+def test_one_call_runs_forward_and_backward_of_the_op():
     from repro.kernels.reference import causal_dot_product_naive
+    from repro.reproduction.bench import one_call
 
     (q, k, v), up = profile_kernels.inputs(1, 2, 9, 4, 3, torch.float64, torch.device("cpu"), grad=True)
     seen = []
     op = lambda *x: seen.append(1) or causal_dot_product_naive(*x)  # noqa: E731
-    profile_kernels.the_pass(op, q, k, v, up, backward=True)()
-    profile_kernels.the_pass(op, q, k, v, up, backward=False)()
+    one_call(op, (q, k, v), up, backward=True)()
+    one_call(op, (q, k, v), up, backward=False)()
     assert len(seen) == 2
 
 
 def test_group_counts_run_from_one_group_to_many_each_count_once():
-    from repro.kernels import cupy_backend
+    from repro.kernels import cuda_grid
 
     for n_chunks in (1, 5, 64, 256, 1024):
         counts = profile_kernels.group_counts(n_chunks)
         assert counts[-1] == n_chunks and len(set(counts)) == len(counts)  # cpg = n_chunks: one group
-        groups = [cupy_backend.grid(64, n_chunks * cupy_backend.CHUNK, 64, 132, c)[1] for c in counts]
+        groups = [cuda_grid.grid(64, n_chunks * cuda_grid.CHUNK, 64, 132, c)[1] for c in counts]
         assert groups == sorted(set(groups), reverse=True) and groups[-1] == 1 and groups[0] <= 64
 
 

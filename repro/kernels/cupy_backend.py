@@ -26,22 +26,7 @@ from torch import Tensor
 from repro.kernels import cuda_build
 from repro.kernels.backend import forced_backend
 from repro.kernels.chunked import causal_product_grads
-from repro.kernels.cuda_grid import (  # noqa: F401  (re-exported: the tests and the profiler read them here)
-    CHUNK,
-    GRID_YZ_MAX,
-    MAX_CPG,
-    NTHREADS,
-    PITCH,
-    TC_P,
-    TC_SP,
-    TILE,
-    chunks_per_group,
-    grid,
-    smem_chunks,
-    smem_chunks_tc,
-    smem_group_states,
-    smem_group_states_tc,
-)
+from repro.kernels.cuda_grid import NTHREADS, grid, smem_chunks, smem_chunks_tc, smem_group_states, smem_group_states_tc
 
 # THE SWITCH: True since the GPU kernel tests passed on an NVIDIA H100 80GB HBM3 (88, none skipped,
 # commit 239c217; results/gpu/NVIDIA_H100_80GB_HBM3/env/). Verify another GPU with

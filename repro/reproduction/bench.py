@@ -183,7 +183,7 @@ def _extra(kind, h, d, layout, shape, mk, device):
     return torch.sigmoid(mk(1)[..., 0]), True
 
 
-def _inputs(peer, b, h, n, d, m, dtype, device, backward):
+def make_inputs(peer, b, h, n, d, m, dtype, device, backward):
     """q, k elu(x) + 1 features (unit keys for the delta rule), v, the successors' extra input,
     and the output gradient, in the peer's layout."""
     g = torch.Generator(device=device).manual_seed(n)
@@ -200,17 +200,24 @@ def _inputs(peer, b, h, n, d, m, dtype, device, backward):
     return xs, mk(m).to(dtype)
 
 
-def measure(peer, b, h, n, d, m, dtype, device, backward, timer, warmup, repeats):
-    xs, grad = _inputs(peer, b, h, n, d, m, dtype, device, backward)
+def one_call(fn, xs, grad, backward):
+    """One call of a pass on xs: fn's forward without autograd, or forward + backward (the
+    gradients of the inputs that require them, against grad). repro.reproduction.profile_kernels
+    profiles the same calls."""
     wrt = [x for x in xs if x.requires_grad]
     if backward:
         def run():
-            torch.autograd.grad(peer.fn(*xs), wrt, grad)
+            torch.autograd.grad(fn(*xs), wrt, grad)
     else:
         def run():
             with torch.no_grad():
-                peer.fn(*xs)
-    return timer(run, warmup, repeats)
+                fn(*xs)
+    return run
+
+
+def measure(peer, b, h, n, d, m, dtype, device, backward, timer, warmup, repeats):
+    xs, grad = make_inputs(peer, b, h, n, d, m, dtype, device, backward)
+    return timer(one_call(peer.fn, xs, grad, backward), warmup, repeats)
 
 
 def _append(path, row):

@@ -27,17 +27,15 @@ import time
 import torch
 
 from repro.common.results import atomic_write, provenance, rows_to_csv
+from repro.kernels import cuda_grid
+from repro.reproduction import bench, peers
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def inputs(b, h, n, d, m, dtype, device, grad=False):
-    """phi(q), phi(k) (elu + 1 features, as the linear attention feeds them), v and an upstream g."""
-    g = torch.Generator(device=device).manual_seed(n)
-    q, k = (torch.nn.functional.elu(torch.randn(b, h, n, d, device=device, generator=g)).add(1).to(dtype)
-            for _ in range(2))
-    v, up = (torch.randn(b, h, n, m, device=device, generator=g).to(dtype) for _ in range(2))
-    return [x.requires_grad_(grad) for x in (q, k, v)], up
+    """phi(q), phi(k), v (B, H, N, D|M) and an upstream gradient, as the benchmark makes them."""
+    return bench.make_inputs(peers.Peer(None), b, h, n, d, m, dtype, device, grad)
 
 
 def kernel_shares(events, calls: int) -> list[dict]:
@@ -53,15 +51,6 @@ def kernel_shares(events, calls: int) -> list[dict]:
     whole = sum(t for _, t, _ in kernels) or 1.0
     return [{"kernel": name[:160], "us_per_call": total / calls, "launches_per_call": count / calls,
              "share": total / whole} for name, total, count in sorted(kernels, key=lambda x: -x[1])]
-
-
-def the_pass(op, q, k, v, up, backward: bool):
-    """One call of the pass: op's forward, and with backward its three gradients."""
-    def fn():
-        out = op(q, k, v)
-        if backward:
-            torch.autograd.grad(out, (q, k, v), up)
-    return fn
 
 
 def profile_pass(fn, calls: int):
@@ -153,7 +142,7 @@ def kernels_part(args, base, out_dir, cupy_backend, device):
         for n in args.lengths:
             for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
                 (q, k, v), up = inputs(8, 8, n, 64, 64, DTYPES[dtype_name], device, grad)
-                fn = the_pass(cupy_backend.causal_dot_product, q, k, v, up, grad)
+                fn = bench.one_call(cupy_backend.causal_dot_product, (q, k, v), up, grad)
                 for r in profile_pass(fn, args.calls):
                     rows.append({**base, "task": "kernels.profile", "pass": pass_name, "dtype": dtype_name,
                                  "batch": 8, "heads": 8, "n": n, "d": 64, "m": 64, **r})
@@ -177,8 +166,8 @@ def host_paths(cupy_backend, q, k, v, up) -> dict:
 
     return {"launch": lambda: cupy_backend.launch(q3, k3, v3), "op_fwd": op_fwd,
             "op_bwd": lambda: cupy_backend._cdp_backward(qd, kd, vd, up),
-            "fwd": the_pass(cupy_backend.causal_dot_product, q, k, v, up, False),
-            "fwd_bwd": the_pass(cupy_backend.causal_dot_product, q, k, v, up, True)}
+            "fwd": lambda: cupy_backend.causal_dot_product(q, k, v),  # the autograd graph built, unused
+            "fwd_bwd": bench.one_call(cupy_backend.causal_dot_product, (q, k, v), up, True)}
 
 
 def host_part(args, base, out_dir, cupy_backend, device):
@@ -314,9 +303,9 @@ def groups(args, base, out_dir, cupy_backend, device):
         for n in args.lengths:
             (q, k, v), _ = inputs(1, 64, n, 64, 64, DTYPES[dtype_name], device)
             q, k, v = (x[0] for x in (q, k, v))  # (BH, N, D) contiguous, as launch takes them
-            default, _, _ = cupy_backend.grid(64, n, 64, sms)
-            for cpg in group_counts(-(-n // cupy_backend.CHUNK)):
-                _, n_groups, n_mt = cupy_backend.grid(64, n, 64, sms, cpg)
+            default, _, _ = cuda_grid.grid(64, n, 64, sms)
+            for cpg in group_counts(-(-n // cuda_grid.CHUNK)):
+                _, n_groups, n_mt = cuda_grid.grid(64, n, 64, sms, cpg)
                 ms = event_ms(lambda c=cpg, x=(q, k, v): cupy_backend.launch(*x, cpg=c))
                 rows.append({**base, "task": "kernels.groups", "pass": "fwd", "dtype": dtype_name, "batch": 8,
                              "heads": 8, "n": n, "d": 64, "m": 64, "cpg": cpg, "n_groups": n_groups,
