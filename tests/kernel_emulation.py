@@ -177,3 +177,122 @@ def store(tile, pitch, rows=None):
     for r in range(tile.shape[0]):
         flat[r * pitch:r * pitch + tile.shape[1]] = tile[r]
     return flat
+
+
+# --------------------------------------------------------------------------- causal_dot_tc_staged.cu
+
+def _mma(acc, a, b):
+    """acc (32 lanes, 4) += the m16n8k16 product of the lanes' fragments a (32, 4 regs, 2) and
+    b (32, 2 regs, 2), each register's pair placed where the PTX fragment layout says."""
+    am, bm = np.zeros((16, 16)), np.zeros((16, 8))
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for reg, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            am[row, col:col + 2] = a[lane, reg]
+        bm[2 * t:2 * t + 2, g], bm[2 * t + 8:2 * t + 10, g] = b[lane, 0], b[lane, 1]
+    d = am @ bm
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        acc[lane] += (d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
+
+
+def ldmatrix_x4_trans(flat, addr):
+    """ldmatrix .x4 .trans: lanes 8 i .. 8 i + 7 give (in addr) the offsets of matrix i's 8 rows of 8
+    elements; lane 4 g + t gets in register i matrix i's [2t][g] and [2t + 1][g]. (32, 4, 2)."""
+    mats = np.array([[flat[addr[8 * i + r]:addr[8 * i + r] + 8] for r in range(8)] for i in range(4)])
+    regs = np.zeros((32, 4, 2))
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        regs[lane] = mats[:, 2 * t:2 * t + 2, g]
+    return regs
+
+
+def frag_a_rows(x, px, r0, k0):
+    """The kernel's frag_a_rows: X[r0.., k0..] from X row-major (ld_pair at mma_k16's addresses)."""
+    a = np.zeros((32, 4, 2))
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for reg in range(4):
+            base = (r0 + g + 8 * (reg % 2)) * px + k0 + 2 * t + 8 * (reg // 2)
+            a[lane, reg] = x[base:base + 2]
+    return a
+
+
+def frag_a_cols(x, r0, k0):
+    """The kernel's frag_a_cols: X^T[r0.., k0..] from X stored [k][r], by ldmatrix.trans."""
+    return ldmatrix_x4_trans(x, [(k0 + lane % 8 + 8 * (lane // 16)) * TC_P + r0 + 8 * (lane // 8 % 2)
+                                 for lane in range(32)])
+
+
+def frag_b_rows(y, c0, k0):
+    """The kernel's frag_b_rows: for each pair of n-tiles, (b0, b1) of both from Y [k][col]."""
+    return [ldmatrix_x4_trans(y, [(k0 + lane % 8 + 8 * (lane // 8 % 2)) * TC_P + c0 + 16 * pair + 8 * (lane // 16)
+                                  for lane in range(32)]) for pair in range(2)]
+
+
+def mma_bt(acc, a, b):
+    """The kernel's mma_bt: acc (32, 4 n-tiles, 4) += A Y with b from frag_b_rows."""
+    for pair in range(2):
+        _mma(acc[:, 2 * pair], a, b[pair][:, 0:2])
+        _mma(acc[:, 2 * pair + 1], a, b[pair][:, 2:4])
+
+
+def _lane_cells(r0, c0):
+    """(lane, n-tile, element, row, column) of a warp's 16 x 32 accumulator tile."""
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for nt in range(4):
+            for e in range(4):
+                yield lane, nt, e, r0 + g + 8 * (e // 2), c0 + 8 * nt + 2 * t + e % 2
+
+
+def staged_chunks(q, k, v, state, chunks, rev=False, m0=0):
+    """One block of cdp_chunks_tc_staged, barrier to barrier: q, k (N, D <= 64), v (N, M) of one
+    row, D and M multiples of 8; state (D, M) before the group's first chunk (or None); the
+    group's chunk indices. Returns out (N, M) with NaN wherever the block wrote nothing."""
+    n, d = q.shape
+    m = v.shape[1]
+    out = np.full((n, m), np.nan)
+
+    def stage(t0):  # stage_chunk: 16-byte (8-element) pieces, zero-filled outside N, D, M
+        tiles = [np.zeros(CHUNK * TC_P) for _ in range(3)]
+        for idx in range(CHUNK * TILE // 8):
+            r, c = idx // (TILE // 8), idx % (TILE // 8) * 8
+            t, o = t0 + r, r * TC_P + c
+            row = n - 1 - t if rev else t
+            if t < n and c < d:
+                tiles[0][o:o + 8], tiles[1][o:o + 8] = q[row, c:c + 8], k[row, c:c + 8]
+            if t < n and m0 + c < m:
+                tiles[2][o:o + 8] = v[row, m0 + c:m0 + c + 8]
+        return tiles
+
+    warps = [((w % 4) * 16, (w // 4) * 32) for w in range(8)]
+    s = np.zeros((8, 32, 4, 4))  # each warp's S tile, in its lanes' accumulators
+    st = np.zeros(TILE * TC_P)  # S^T [m][d]
+    for w, (r0, c0) in enumerate(warps):
+        for lane, nt, e, row, col in _lane_cells(r0, c0):
+            s[w, lane, nt, e] = state[row, m0 + col] if state is not None and row < d and m0 + col < m else 0.0
+            st[col * TC_P + row] = s[w, lane, nt, e]
+    for chunk in chunks:
+        t0, (qs, ks, vs), more = chunk * CHUNK, stage(chunk * CHUNK), chunk != chunks[-1]
+        at, o = np.zeros(CHUNK * TC_P), np.zeros((8, 32, 4, 4))
+        for w, (r0, c0) in enumerate(warps):  # up to the second barrier
+            a = np.zeros((32, 4, 4))
+            for kk in range(0, TILE, 16):
+                mma_k16(a, qs, TC_P, ks, TC_P, r0, c0, kk)
+                mma_k16(o[w], qs, TC_P, st, TC_P, r0, c0, kk)
+            for lane, nt, e, row, col in _lane_cells(r0, c0):
+                at[row * TC_P + col] = a[lane, nt, e] if col <= row else 0.0
+        for w, (r0, c0) in enumerate(warps):
+            for kk in range(0, CHUNK, 16):
+                b = frag_b_rows(vs, c0, kk)
+                mma_bt(o[w], frag_a_rows(at, TC_P, r0, kk), b)
+                if more:
+                    mma_bt(s[w], frag_a_cols(ks, r0, kk), b)
+            for lane, nt, e, row, col in _lane_cells(r0, c0):
+                t = t0 + row
+                if t < n and m0 + col < m:
+                    out[n - 1 - t if rev else t, m0 + col] = o[w, lane, nt, e]
+                if more:
+                    st[col * TC_P + row] = s[w, lane, nt, e]
+    return out

@@ -106,6 +106,19 @@ def test_the_bare_tensor_core_product_fits_three_blocks_per_h100_sm():
     assert cuda_grid.smem_chunks_tc(130, False) < cuda_grid.smem_chunks_tc(130, True)
 
 
+def test_the_staged_kernel_fits_three_blocks_per_h100_sm():
+    """causal_dot_tc_staged.cu as ptxas compiles it for an H100 (sm_90): no spills, and registers
+    (64K an SM, given out per warp in 256s) and shared memory (228 KiB an SM, 1 KiB reserved per
+    block) for 3 blocks of 256 threads, where cdp_chunks_tc with the normaliser fits 2."""
+    usage = cuda_build.ptxas_usage("causal_dot_tc_staged.cu", "sm_90")
+    assert set(usage) == set(cuda_build.SOURCES["causal_dot_tc_staged.cu"])
+    for instance, (regs, spills) in usage.items():
+        per_block = -(-regs * 32 // 256) * 256 * cuda_grid.NTHREADS // 32
+        assert spills == 0 and 65536 // per_block >= 3, (instance, regs, spills)
+    assert (228 * 1024) // (cuda_grid.SMEM_STAGED + 1024) == 3
+    assert max(r for r, _ in cuda_build.ptxas_usage("causal_dot_tc.cu", "sm_90").values()) > 85  # the check can fail
+
+
 def _np(*shape, rng):
     return rng.standard_normal(shape)
 
@@ -307,27 +320,34 @@ def test_launch_group_sizes_and_reverse(on_cupy, cpg, rev, dtype, tensor_cores):
 
 @needs_gpu
 @pytest.mark.parametrize("shape", [(1, 2, 200, 64, 64), (2, 1, 333, 130, 70), (1, 3, 390, 37, 80),
-                                   (2, 2, 150, 8, 24), (1, 1, 100, 136, 16)])
+                                   (2, 2, 150, 8, 24), (1, 1, 100, 136, 16), (1, 2, 300, 32, 72)])
 def test_tensor_core_variants_are_the_same(on_cupy, monkeypatch, shape):
-    """BARE_SMEM (the bare product asks only the shared memory it uses) and VEC_LOADS (Q and K
+    """BARE_SMEM (the bare product asks only the shared memory it uses), VEC_LOADS (Q and K
     tiles by 16-byte loads, where D % 8 == 0 and the rows are aligned; a misaligned tensor and
-    odd D keep 2-byte loads): the same sums, so outputs and gradients (the backward's reversed
-    launches too) bit for bit those of the plain kernel, and the float64 reference's."""
+    odd D keep 2-byte loads) and STAGED (the pipelined kernel, where D <= 64, D and M are
+    multiples of 8 and the rows aligned): the same sums, so outputs and gradients (the backward's
+    reversed launches too) bit for bit those of the plain kernel, and the float64 reference's."""
     inputs = _inputs(*shape, torch.bfloat16, scale=0.5)
     q, k, v = (x.detach().flatten(0, 1) for x in inputs)
     buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
     q_off = buf[1:].view(q.shape).copy_(q)  # 2 bytes past alignment: the launcher must not vectorise it
+    d, m = shape[3:]
+    takes = lambda x, y: x <= 64 and x % 8 == y % 8 == 0  # noqa: E731  # the staged kernel's (D, M)
     runs = {}
-    for bare, vec in ((False, False), (True, False), (False, True), (True, True)):
-        monkeypatch.setattr(cupy_backend, "BARE_SMEM", bare)
-        monkeypatch.setattr(cupy_backend, "VEC_LOADS", vec)
+    for bare, vec, staged in ((False, False, False), (True, False, False), (False, True, False), (True, True, False),
+                              (False, False, True)):
+        for name, on in (("BARE_SMEM", bare), ("VEC_LOADS", vec), ("STAGED", staged)):
+            monkeypatch.setattr(cupy_backend, name, on)
+        before = cupy_backend.CALLS["staged"]
         out = causal_dot_product(*inputs)
-        runs[bare, vec] = (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)),
-                           cupy_backend.launch(q, k, v, cpg=2, tensor_cores=True)[0],  # several groups
-                           cupy_backend.launch(q_off, k, v, rev=True, tensor_cores=True)[0])
+        runs[bare, vec, staged] = (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)),
+                                   cupy_backend.launch(q, k, v, cpg=2, tensor_cores=True)[0],  # several groups
+                                   cupy_backend.launch(q_off, k, v, rev=True, tensor_cores=True)[0])
+        # the launches on (D, M): forward, grad v, the grouped one; on (M, D): grad q, grad k; never the misaligned one
+        assert cupy_backend.CALLS["staged"] - before == staged * (3 * takes(d, m) + 2 * takes(m, d))
         _check_against_naive(causal_dot_product, causal_dot_product_naive, inputs, TOL[torch.bfloat16])
     for variant, got in runs.items():
-        assert all(torch.equal(a, b) for a, b in zip(runs[False, False], got)), variant
+        assert all(torch.equal(a, b) for a, b in zip(runs[False, False, False], got)), variant
 
 
 @needs_gpu
@@ -712,6 +732,47 @@ def test_emulated_tensor_core_fragments_give_the_four_products():
     np.testing.assert_allclose(emulate.block_product(emulate.store(a, p), p, emulate.store(v.T, p), p, 64), a @ v)
     np.testing.assert_allclose(emulate.block_product(emulate.store(k.T, p), p, emulate.store(v.T, p), p, 64),
                                k.T @ v)
+
+
+def test_emulated_ldmatrix_fragments_give_the_staged_kernels_products():
+    """causal_dot_tc_staged.cu's transposed operands: V and K kept [token][x], the B fragments of
+    A V and K^T V and the A fragment of K^T taken by ldmatrix.trans at the kernel's addresses."""
+    rng = np.random.default_rng(4)
+    p = emulate.TC_P
+    a, k, v = (rng.standard_normal((64, 64)) for _ in range(3))
+    for name, x, want in (("A V", emulate.store(a, p), a @ v), ("K^T V", emulate.store(k, p), k.T @ v)):
+        got = np.full((64, 64), np.nan)
+        for warp in range(8):
+            r0, c0 = (warp % 4) * 16, (warp // 4) * 32
+            acc = np.zeros((32, 4, 4))
+            for k0 in range(0, 64, 16):
+                frag = emulate.frag_a_rows(x, p, r0, k0) if name == "A V" else emulate.frag_a_cols(x, r0, k0)
+                emulate.mma_bt(acc, frag, emulate.frag_b_rows(emulate.store(v, p), c0, k0))
+            for lane, nt, e, row, col in emulate._lane_cells(r0, c0):
+                got[row, col] = acc[lane, nt, e]
+        np.testing.assert_allclose(got, want, err_msg=name)
+
+
+@pytest.mark.parametrize("rev", [False, True])
+@pytest.mark.parametrize("n, d, m, m0", [(150, 40, 80, 64), (150, 64, 64, 0), (100, 8, 16, 0)])
+def test_emulated_staged_kernel_matches_reference(rev, n, d, m, m0):
+    """One block of cdp_chunks_tc_staged (two stages, S in the warps' accumulators, zero-filled
+    16-byte pieces, paired output stores) for the group of chunks 1.. after chunk 0's state: its
+    rows and value tile are the causal product's, and it writes nothing else."""
+    rng = np.random.default_rng(n + d + m + rev)
+    q, k, v = rng.standard_normal((n, d)), rng.standard_normal((n, d)), rng.standard_normal((n, m))
+    f = (lambda x: x[::-1]) if rev else (lambda x: x)
+    qt, kt, vt = f(q), f(k), f(v)  # in the kernel's time order
+    state = kt[:64].T @ vt[:64]  # the state before chunk 1
+    chunks = list(range(1, -(-n // 64)))
+    out = emulate.staged_chunks(q, k, v, state, chunks, rev=rev, m0=m0)
+    ref = f(np.tril(qt @ kt.T) @ vt)
+    cols = slice(m0, min(m, m0 + 64))
+    rows = f(np.arange(n) >= 64)
+    np.testing.assert_allclose(out[rows, cols], ref[rows, cols], atol=1e-9)
+    written = np.zeros((n, m), bool)
+    written[np.ix_(rows, np.arange(m)[cols])] = True
+    assert np.isnan(out[~written]).all()
 
 
 def test_ops_trace_with_fake_cuda_tensors():

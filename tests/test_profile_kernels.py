@@ -113,8 +113,8 @@ def test_host_paths_call_each_layer_of_the_launch_path():
 
 
 def test_variants_part_interleaves_the_switches_and_restores_them(tmp_path, monkeypatch):
-    """Each round times the four (BARE_SMEM, VEC_LOADS) settings in turn, compares each output
-    with the plain kernel's, and leaves the switches as it found them (also on an error)."""
+    """Each round times every variant in turn (forward launch and backward op), compares each
+    one's outputs with the plain kernel's, and leaves the switches as it found them."""
     import argparse
 
     import pandas as pd
@@ -124,16 +124,25 @@ def test_variants_part_interleaves_the_switches_and_restores_them(tmp_path, monk
     seen = []
 
     def launch(q, k, v, tensor_cores):
-        seen.append((fake.BARE_SMEM, fake.VEC_LOADS))
-        return (q + (1.0 if fake.VEC_LOADS and fake.BARE_SMEM else 0.0), None)  # one variant differs
+        seen.append(tuple(name for name in profile_kernels.SWITCHES if getattr(fake, name) is True))
+        return (q + (1.0 if fake.VEC_LOADS is True and fake.BARE_SMEM is True else 0.0), None)  # one differs
 
-    fake = SimpleNamespace(BARE_SMEM="was-a", VEC_LOADS="was-b", launch=launch)
+    def backward(q, k, v, g):
+        return q, k, v * (2.0 if fake.STAGED is True else 1.0)  # and one differs in the backward only
+
+    fake = SimpleNamespace(BARE_SMEM="was-a", VEC_LOADS="was-b", STAGED="was-c", launch=launch,
+                           _cdp_backward=backward)
     monkeypatch.setattr(profile_kernels, "event_ms", lambda fn: (fn(), 1.5)[1])
     args = argparse.Namespace(lengths=[16, 32])
     profile_kernels.variants_part(args, provenance(torch.device("cpu")), str(tmp_path), fake, torch.device("cpu"))
     df = pd.read_csv(tmp_path / "tc_variants.csv")
-    assert len(df) == 2 * 3 * 4 and list(df["round"][:8]) == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert [tuple(x) for x in df[["bare_smem", "vec_loads"]].values[:4]] == list(profile_kernels.VARIANTS)
-    assert list(df.same_output[:4]) == [True, True, True, False]
-    assert (fake.BARE_SMEM, fake.VEC_LOADS) == ("was-a", "was-b")
+    n_var = len(profile_kernels.VARIANTS)
+    assert len(df) == 2 * 3 * n_var * 2 and list(df["round"][:2 * n_var]) == [0] * 2 * n_var
+    assert list(df["pass"][:4]) == ["fwd", "bwd", "fwd", "bwd"]
+    assert list(df.variant[::2][:n_var]) == ["plain", "BARE_SMEM", "VEC_LOADS", "BARE_SMEM+VEC_LOADS", "STAGED"]
+    first = df[df["round"] == 0]
+    assert list(first.same_output[first["pass"] == "fwd"]) == [True, True, True, False, True] * 2  # both lengths
+    assert list(first.same_output[first["pass"] == "bwd"]) == [True, True, True, True, False] * 2
+    assert list(first.staged[first["pass"] == "fwd"]) == ([False] * 4 + [True]) * 2
+    assert (fake.BARE_SMEM, fake.VEC_LOADS, fake.STAGED) == ("was-a", "was-b", "was-c")
     assert set(seen) == set(profile_kernels.VARIANTS)

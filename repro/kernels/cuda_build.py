@@ -5,6 +5,7 @@ GPU in use; CuPy caches the binary on disk) with the instances named here. `nvrt
 compiles the same source and instances for a given architecture without a GPU or driver, which
 is what the CPU tests use so that a kernel that does not compile cannot land.
 """
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,14 +27,19 @@ SOURCES = {
     "causal_dot_tc.cu": [f"{kern}<bf16_t,{_bool(rev)},{_bool(norm)}>"
                          for kern in ("cdp_group_states_tc", "cdp_chunks_tc")
                          for rev, norm in ((False, False), (True, False), (False, True))],
+    "causal_dot_tc_staged.cu": [f"cdp_chunks_tc_staged<bf16_t,{_bool(rev)}>" for rev in (False, True)],
     "recurrent_step.cu": [f"linear_step<{t}>" for t in DTYPES],
 }
 PRELUDE = "dtypes.cuh"  # prepended to every source: the 16-bit types and their conversions
+# Sources another one builds on, compiled before it in its module (only the instances named in
+# SOURCES are compiled, so the templates it borrows cost nothing more).
+REQUIRES = {"causal_dot_tc_staged.cu": ("causal_dot_tc.cu",)}
 
 
 def source(name: str) -> str:
-    """The text NVRTC compiles: the prelude, then the file."""
-    return (HERE / PRELUDE).read_text() + f'#line 1 "{name}"\n' + (HERE / name).read_text()
+    """The text NVRTC compiles: the prelude, the files `name` requires, then the file."""
+    return (HERE / PRELUDE).read_text() + "".join(
+        f'#line 1 "{part}"\n' + (HERE / part).read_text() for part in (*REQUIRES.get(name, ()), name))
 
 
 def nvrtc_check(name: str, arch: str) -> dict:
@@ -55,11 +61,32 @@ def nvrtc_check(name: str, arch: str) -> dict:
         nvrtc.destroyProgram(prog)
 
 
+def ptxas_usage(name: str, arch: str) -> dict:
+    """{instance: (registers per thread, spill bytes)} of `name` compiled for `arch` by NVRTC's
+    ptxas, which says how many blocks of a kernel fit an SM before any GPU runs it."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source(name), name, [], [])
+    try:
+        for expr in SOURCES[name]:
+            nvrtc.addNameExpression(prog, expr)
+        nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "--ptxas-options=-v", *OPTIONS])
+        log, lowered = nvrtc.getProgramLog(prog), {nvrtc.getLoweredName(prog, e): e for e in SOURCES[name]}
+    finally:
+        nvrtc.destroyProgram(prog)
+    usage = {}  # ptxas names each entry, then its spills, then its registers
+    for entry, spills, regs in re.findall(r"entry function '(\w+)'.*?(\d+) bytes spill stores.*?Used (\d+) registers",
+                                          log, re.S):
+        usage[lowered.get(entry, entry)] = (int(regs), int(spills))
+    return usage
+
+
 def nvcc_instantiation_unit(name: str) -> str:
     """A translation unit for nvcc that includes `name` and takes the address of every
     instance, so nvcc compiles each one as the NVRTC build does."""
     refs = ",\n    ".join(f"(const void*)&{expr}" for expr in SOURCES[name])
-    return (f'#include "{HERE / PRELUDE}"\n#include "{HERE / name}"\n'
+    includes = "".join(f'#include "{HERE / part}"\n' for part in (PRELUDE, *REQUIRES.get(name, ()), name))
+    return (includes +
             f'const void* repro_instances[] = {{\n    {refs}\n}};\n')
 
 

@@ -21,6 +21,11 @@ def smem_chunks_tc(d, norm=True):
     return 4 * (dp * TC_SP + (CHUNK * TC_SP if norm else 0) + dp + CHUNK) + 2 * (4 * CHUNK * TC_P + TILE * (dp + 8))
 
 
+# causal_dot_tc_staged.cu's bytes: two stages of Q, K, V tiles, the masked scores and S^T, all
+# 16-bit (D <= 64): 73,728, 3 blocks per H100 SM.
+SMEM_STAGED = 2 * 8 * CHUNK * TC_P
+
+
 def smem_group_states_tc(d):
     dp = math.ceil(d / TILE) * TILE
     return 4 * (dp * TC_SP + dp) + 2 * (2 * CHUNK * TC_P)

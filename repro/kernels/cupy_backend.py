@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from repro.kernels import cuda_build
+from repro.kernels import cuda_build, cuda_grid
 from repro.kernels.backend import forced_backend
 from repro.kernels.chunked import causal_product_grads
 from repro.kernels.cuda_grid import NTHREADS, grid, smem_chunks, smem_chunks_tc, smem_group_states, smem_group_states_tc
@@ -47,6 +47,11 @@ BARE_SMEM = False
 # The tensor-core kernel loads its Q and K tiles 16 bytes a thread rather than 2 (where D % 8 == 0
 # and the tensors are 16-byte aligned). Off until an H100 measures it, as BARE_SMEM.
 VEC_LOADS = False
+# The bare bf16 product by causal_dot_tc_staged.cu (the next chunk prefetched by cp.async, K and V
+# loaded once and transposed by ldmatrix, S kept in registers; 73,728 bytes, 3 blocks per H100 SM)
+# where D <= 64, D and M are multiples of 8 and q, k, v are 16-byte aligned: the same sums as the
+# plain kernel. Off until an H100 measures it, as BARE_SMEM (profile_kernels --parts variants).
+STAGED = False
 
 STEP_THREADS = 128  # recurrent_step.cu
 KERNEL_DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
@@ -166,7 +171,7 @@ def _stream(device):
 
 @lru_cache(maxsize=None)
 def _kernel(name, device_index, smem):
-    source = ("causal_dot_tc.cu" if "_tc<" in name else
+    source = ("causal_dot_tc_staged.cu" if "_tc_staged<" in name else "causal_dot_tc.cu" if "_tc<" in name else
               "causal_dot.cu" if name.startswith("cdp") else "recurrent_step.cu")
     kern = cuda_build.module(source, device_index).get_function(name)
     if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
@@ -178,6 +183,15 @@ def _empty(shape, dtype, device):
     if PREFILL is None:
         return torch.empty(shape, dtype=dtype, device=device)
     return torch.full(shape, PREFILL, dtype=dtype, device=device)
+
+
+def _takes_staged(q, k, v):
+    """Whether STAGED is on and the pipelined kernel takes these (BH, N, D|M) bf16 tensors: its
+    16-byte copies need D and M multiples of 8 and 16-byte aligned rows, its one key tile D <= 64
+    (its 73,728 bytes fit every GPU of compute capability 8.0 or newer)."""
+    d, m = q.shape[-1], v.shape[-1]
+    return (STAGED and d <= cuda_grid.TILE and d % 8 == 0 and m % 8 == 0
+            and all(x.data_ptr() % 16 == 0 for x in (q, k, v)))
 
 
 def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None):
@@ -203,6 +217,7 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
     if tensor_cores is None:
         tensor_cores = TENSOR_CORES and smem_chunks_tc(d, norm or not BARE_SMEM) <= props.shared_memory_per_block_optin
     tensor_cores = tensor_cores and q.dtype == torch.bfloat16
+    staged = tensor_cores and not norm and _takes_staged(q, k, v)
     i32 = np.int32
     CALLS["launch"] += 1
     with cupy.cuda.Device(dev.index), _stream(dev):
@@ -217,6 +232,14 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
             _kernel("cdp_scan_states", dev.index, 0)(
                 (math.ceil(bh * per_slot / 256),), (256,),
                 (_ptr(states), np.int64(bh), i32(per_slot), i32(n_groups)))
+        if staged:
+            CALLS["staged"] += 1
+            smem = cuda_grid.SMEM_STAGED
+            _kernel(f"cdp_chunks_tc_staged<{t},{'true' if rev else 'false'}>", dev.index, smem)(
+                (bh, n_groups, n_mt), (NTHREADS,),
+                (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), i32(n), i32(d), i32(m), i32(cpg), i32(n_groups)),
+                shared_mem=smem)
+            return out, den
         smem = smem_chunks_tc(d, norm or not BARE_SMEM) if tensor_cores else smem_chunks(d)
         args = (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
                 i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups), np.float32(eps))

@@ -187,35 +187,48 @@ def host_part(args, base, out_dir, cupy_backend, device):
     atomic_write(os.path.join(out_dir, "host_profile.txt"), "\n".join(profiles))
 
 
-VARIANTS = ((False, False), (True, False), (False, True), (True, True))  # (BARE_SMEM, VEC_LOADS)
+SWITCHES = ("BARE_SMEM", "VEC_LOADS", "STAGED")  # cupy_backend's switched-off tensor-core variants
+VARIANTS = ((), ("BARE_SMEM",), ("VEC_LOADS",), ("BARE_SMEM", "VEC_LOADS"), ("STAGED",))  # the switches on
 
 
 def variants_part(args, base, out_dir, cupy_backend, device):
-    """tc_variants.csv: the bf16 forward on the tensor-core kernel with each of its switched-off
-    variants (BARE_SMEM: only the shared memory the bare product uses, 3 blocks per H100 SM rather
-    than 2; VEC_LOADS: 16-byte loads of Q and K) and both, interleaved, 3 rounds, B = H = 8,
-    D = M = 64; each variant's output must equal the plain kernel's (the same sums)."""
-    rows, was = [], (cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS)
+    """tc_variants.csv: the bf16 product on the tensor-core kernel with each of its switched-off
+    variants on (BARE_SMEM: only the shared memory the bare product uses, 3 blocks per H100 SM
+    rather than 2; VEC_LOADS: 16-byte loads of Q and K; both; STAGED: the pipelined kernel of
+    causal_dot_tc_staged.cu), interleaved, 3 rounds, B = H = 8, D = M = 64: the forward launch
+    and the backward op (its three launches). Each variant's outputs must equal the plain
+    kernel's (the same sums)."""
+    rows, was = [], {name: getattr(cupy_backend, name) for name in SWITCHES}
     try:
         for n in args.lengths:
-            (q, k, v), _ = inputs(1, 64, n, 64, 64, torch.bfloat16, device)
-            q, k, v = (x[0] for x in (q, k, v))
+            (q, k, v), up = inputs(1, 64, n, 64, 64, torch.bfloat16, device, grad=True)
+            q, k, v = (x.detach() for x in (q, k, v))
+            calls = {"fwd": lambda x=(q[0], k[0], v[0]): cupy_backend.launch(*x, tensor_cores=True)[0],
+                     "bwd": lambda x=(q, k, v, up): cupy_backend._cdp_backward(*x)}
             outs, at = {}, len(rows)
             for rnd in range(3):
-                for bare, vec in VARIANTS:
-                    cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS = bare, vec
-                    outs[bare, vec] = cupy_backend.launch(q, k, v, tensor_cores=True)[0]
-                    ms = event_ms(lambda x=(q, k, v): cupy_backend.launch(*x, tensor_cores=True))
-                    rows.append({**base, "task": "kernels.variants", "pass": "fwd", "dtype": "bf16", "batch": 8,
-                                 "heads": 8, "n": n, "d": 64, "m": 64, "bare_smem": bare, "vec_loads": vec,
-                                 "round": rnd, "ms": ms})
-                    print(f"bf16 N={n:6d} BARE_SMEM={bare!s:5s} VEC_LOADS={vec!s:5s} round {rnd}: {ms:8.3f} ms",
-                          flush=True)
+                for on in VARIANTS:
+                    for name in SWITCHES:
+                        setattr(cupy_backend, name, name in on)
+                    variant = "+".join(on) or "plain"
+                    for pass_, fn in calls.items():
+                        outs[variant, pass_] = _tensors(fn())
+                        ms = event_ms(fn)
+                        rows.append({**base, "task": "kernels.variants", "pass": pass_, "dtype": "bf16", "batch": 8,
+                                     "heads": 8, "n": n, "d": 64, "m": 64, "variant": variant,
+                                     **{name.lower(): name in on for name in SWITCHES}, "round": rnd, "ms": ms})
+                        print(f"bf16 N={n:6d} {pass_} {variant:20s} round {rnd}: {ms:8.3f} ms", flush=True)
             for r in rows[at:]:
-                r["same_output"] = bool(torch.equal(outs[False, False], outs[r["bare_smem"], r["vec_loads"]]))
+                r["same_output"] = all(torch.equal(a, b) for a, b in zip(outs["plain", r["pass"]],
+                                                                          outs[r["variant"], r["pass"]]))
     finally:
-        cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS = was
+        for name, value in was.items():
+            setattr(cupy_backend, name, value)
     atomic_write(os.path.join(out_dir, "tc_variants.csv"), rows_to_csv(rows))
+
+
+def _tensors(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
 # (name, REPRO_KERNEL or None for the dispatcher's choice): linear attention as it runs unforced

@@ -44,15 +44,19 @@ def main() -> int:
         out, den = cupy_backend.launch(qp, kp, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
         print(f"cdp norm {dtype} tensor_cores={tensor_cores}: finite {bool(torch.isfinite(out).all())}")
     # the tensor-core variants (BARE_SMEM: only the shared memory the bare product uses;
-    # VEC_LOADS: 16-byte loads, D = 64 so they apply): the tools see any access out of bounds
+    # VEC_LOADS: 16-byte loads; STAGED: the pipelined kernel; D = 64 and M = 40 so they all
+    # apply): the tools see any access out of bounds, and racecheck the staged kernel's barriers
     q64, k64, v64 = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (64, 64, m))
-    was = cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS
+    was = cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS, cupy_backend.STAGED
     try:
-        cupy_backend.BARE_SMEM = cupy_backend.VEC_LOADS = True
-        for rev in (False, True):
-            _check(failures, "cdp bf16 tensor_cores=True BARE_SMEM=VEC_LOADS=True", 1e-2, q64, k64, v64, rev, True)
+        for bare_vec, staged in ((True, False), (False, True)):
+            cupy_backend.BARE_SMEM = cupy_backend.VEC_LOADS = bare_vec
+            cupy_backend.STAGED = staged
+            for rev in (False, True):
+                _check(failures, f"cdp bf16 tensor_cores=True BARE_SMEM=VEC_LOADS={bare_vec} STAGED={staged}", 1e-2,
+                       q64, k64, v64, rev, True)
     finally:
-        cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS = was
+        cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS, cupy_backend.STAGED = was
     S, Z = torch.zeros(bh, d, m, device="cuda"), torch.zeros(bh, d, device="cuda")
     step = cupy_backend.linear_attention_step(qp[:, 0].float(), kp[:, 0].float(), v[:, 0].float(), S, Z, 1e-6)
     torch.cuda.synchronize()
