@@ -246,6 +246,39 @@ def _lane_cells(r0, c0):
                 yield lane, nt, e, r0 + g + 8 * (e // 2), c0 + 8 * nt + 2 * t + e % 2
 
 
+def _stage(xs, t0, n, m0s, rev):
+    """stage_chunk: each (N, X) source of xs as a [token][x] tile of 16-byte (8-element) pieces,
+    columns m0.. of it, zero-filled outside N and X (X a multiple of 8)."""
+    tiles = [np.zeros(CHUNK * TC_P) for _ in xs]
+    for idx in range(CHUNK * TILE // 8):
+        r, c = idx // (TILE // 8), idx % (TILE // 8) * 8
+        t, o = t0 + r, r * TC_P + c
+        row = n - 1 - t if rev else t
+        for tile, x, m0 in zip(tiles, xs, m0s):
+            if t < n and m0 + c < x.shape[1]:
+                tile[o:o + 8] = x[row, m0 + c:m0 + c + 8]
+    return tiles
+
+
+def staged_group_states(k, v, chunks, rev=False, m0=0):
+    """One block of cdp_group_states_tc_staged: the group's sum_j k_j v_j^T (D, columns m0.. of M),
+    from each warp's accumulators at the kernel's (d, column)."""
+    n, d = k.shape
+    s = np.zeros((8, 32, 4, 4))
+    for chunk in chunks:
+        ks, vs = _stage((k, v), chunk * CHUNK, n, (0, m0), rev)
+        for w in range(8):
+            r0, c0 = (w % 4) * 16, (w // 4) * 32
+            for kk in range(0, CHUNK, 16):
+                mma_bt(s[w], frag_a_cols(ks, r0, kk), frag_b_rows(vs, c0, kk))
+    out = np.full((d, v.shape[1]), np.nan)
+    for w in range(8):
+        for lane, nt, e, row, col in _lane_cells((w % 4) * 16, (w // 4) * 32):
+            if row < d and m0 + col < v.shape[1]:
+                out[row, m0 + col] = s[w, lane, nt, e]
+    return out
+
+
 def staged_chunks(q, k, v, state, chunks, rev=False, m0=0):
     """One block of cdp_chunks_tc_staged, barrier to barrier: q, k (N, D <= 64), v (N, M) of one
     row, D and M multiples of 8; state (D, M) before the group's first chunk (or None); the
@@ -253,18 +286,6 @@ def staged_chunks(q, k, v, state, chunks, rev=False, m0=0):
     n, d = q.shape
     m = v.shape[1]
     out = np.full((n, m), np.nan)
-
-    def stage(t0):  # stage_chunk: 16-byte (8-element) pieces, zero-filled outside N, D, M
-        tiles = [np.zeros(CHUNK * TC_P) for _ in range(3)]
-        for idx in range(CHUNK * TILE // 8):
-            r, c = idx // (TILE // 8), idx % (TILE // 8) * 8
-            t, o = t0 + r, r * TC_P + c
-            row = n - 1 - t if rev else t
-            if t < n and c < d:
-                tiles[0][o:o + 8], tiles[1][o:o + 8] = q[row, c:c + 8], k[row, c:c + 8]
-            if t < n and m0 + c < m:
-                tiles[2][o:o + 8] = v[row, m0 + c:m0 + c + 8]
-        return tiles
 
     warps = [((w % 4) * 16, (w // 4) * 32) for w in range(8)]
     s = np.zeros((8, 32, 4, 4))  # each warp's S tile, in its lanes' accumulators
@@ -274,7 +295,8 @@ def staged_chunks(q, k, v, state, chunks, rev=False, m0=0):
             s[w, lane, nt, e] = state[row, m0 + col] if state is not None and row < d and m0 + col < m else 0.0
             st[col * TC_P + row] = s[w, lane, nt, e]
     for chunk in chunks:
-        t0, (qs, ks, vs), more = chunk * CHUNK, stage(chunk * CHUNK), chunk != chunks[-1]
+        t0, more = chunk * CHUNK, chunk != chunks[-1]
+        qs, ks, vs = _stage((q, k, v), t0, n, (0, 0, m0), rev)
         at, o = np.zeros(CHUNK * TC_P), np.zeros((8, 32, 4, 4))
         for w, (r0, c0) in enumerate(warps):  # up to the second barrier
             a = np.zeros((32, 4, 4))

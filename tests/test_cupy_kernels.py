@@ -107,9 +107,9 @@ def test_the_bare_tensor_core_product_fits_three_blocks_per_h100_sm():
 
 
 def test_the_staged_kernel_fits_three_blocks_per_h100_sm():
-    """causal_dot_tc_staged.cu as ptxas compiles it for an H100 (sm_90): no spills, and registers
-    (64K an SM, given out per warp in 256s) and shared memory (228 KiB an SM, 1 KiB reserved per
-    block) for 3 blocks of 256 threads, where cdp_chunks_tc with the normaliser fits 2."""
+    """causal_dot_tc_staged.cu's kernels as ptxas compiles them for an H100 (sm_90): no spills, and
+    registers (64K an SM, given out per warp in 256s) and shared memory (228 KiB an SM, 1 KiB
+    reserved per block) for 3 blocks of 256 threads, where cdp_chunks_tc with the normaliser fits 2."""
     usage = cuda_build.ptxas_usage("causal_dot_tc_staged.cu", "sm_90")
     assert set(usage) == set(cuda_build.SOURCES["causal_dot_tc_staged.cu"])
     for instance, (regs, spills) in usage.items():
@@ -773,6 +773,23 @@ def test_emulated_staged_kernel_matches_reference(rev, n, d, m, m0):
     written = np.zeros((n, m), bool)
     written[np.ix_(rows, np.arange(m)[cols])] = True
     assert np.isnan(out[~written]).all()
+
+
+@pytest.mark.parametrize("rev", [False, True])
+@pytest.mark.parametrize("n, d, m, m0, chunks", [(300, 40, 80, 64, [1, 2, 3]), (150, 64, 64, 0, [0, 1]),
+                                                 (100, 8, 16, 0, [1])])
+def test_emulated_staged_group_states_match_reference(rev, n, d, m, m0, chunks):
+    """One block of cdp_group_states_tc_staged: its group's sum_j k_j v_j^T over its chunks (the
+    last partial), for its value tile, and nothing else."""
+    rng = np.random.default_rng(n + d + m + rev)
+    k, v = rng.standard_normal((n, d)), rng.standard_normal((n, m))
+    f = (lambda x: x[::-1]) if rev else (lambda x: x)
+    span = slice(chunks[0] * 64, min(n, (chunks[-1] + 1) * 64))
+    ref = f(k)[span].T @ f(v)[span]
+    out = emulate.staged_group_states(k, v, chunks, rev=rev, m0=m0)
+    cols = slice(m0, min(m, m0 + 64))
+    np.testing.assert_allclose(out[:, cols], ref[:, cols], atol=1e-9)
+    assert np.isnan(np.delete(out, np.arange(m)[cols], axis=1)).all()
 
 
 def test_ops_trace_with_fake_cuda_tensors():

@@ -1,5 +1,6 @@
-// The bare bf16 product of causal_dot_tc.cu's cdp_chunks_tc (no normaliser), pipelined, for
-// D <= 64 with D and M multiples of 8 on 16-byte aligned tensors (the launcher checks):
+// The bare bf16 product of causal_dot_tc.cu's cdp_chunks_tc (no normaliser) and the group states
+// it starts from (cdp_group_states_tc), pipelined, for D <= 64 with D and M multiples of 8 on
+// 16-byte aligned tensors (the launcher checks):
 //  - Q, K and V of chunk c + 1 are copied into shared memory by cp.async, 16 bytes a thread and
 //    zero-filled outside N, D and M, while chunk c computes (two stages);
 //  - K and V stay as loaded, [token][x]: the operands that want them transposed (V as the B of
@@ -10,8 +11,8 @@
 // Two barriers a chunk where cdp_chunks_tc has six. Every product sums the same terms in the same
 // order as cdp_chunks_tc, so the outputs are bit for bit its outputs (tests/test_cupy_kernels.py).
 // causal_dot_tc.cu (its tile sizes, Mma, ld_pair, mma_k16) precedes this file (cuda_build.py).
-// smem bytes: 2 (8 CHUNK TC_P) = 73,728: three stages' worth of tiles pay for two, and 3 blocks
-// fit an H100 SM (227 KB usable) where cdp_chunks_tc's 83,456 fit 2.
+// The chunk kernel's smem bytes: 2 (8 CHUNK TC_P) = 73,728, so 3 blocks fit an H100 SM (227 KB
+// usable) where cdp_chunks_tc's 83,456 fit 2.
 
 #define TCS_STAGE (3 * TC_CHUNK * TC_P)  // Q, K, V of one chunk, 16-bit elements
 
@@ -70,21 +71,69 @@ __device__ __forceinline__ void frag_b_rows(unsigned (&b)[2][4], const u16* Y, i
     for (int pair = 0; pair < 2; ++pair) ldsm_x4_trans(b[pair], Y + (k0 + rr + 8 * (i % 2)) * TC_P + c0 + 16 * pair + 8 * (i / 2));
 }
 
-// Q, K (columns 0..TILE of D) and V (columns m0..m0 + TILE of M) of the chunk at t0 into one
-// stage [token][x], pitch TC_P, by cp.async: two 16-byte pieces of each tile a thread.
+// Q (unless Qs is null), K (columns 0..TILE of D) and V (columns m0..m0 + TILE of M) of the chunk
+// at t0 into one stage [token][x], pitch TC_P, by cp.async: two 16-byte pieces of each tile a thread.
 template <bool REV>
-__device__ __forceinline__ void stage_chunk(u16* Qs, const u16* q, const u16* k, const u16* v, int t0, int N, int D,
-                                            int M, int m0) {
-    u16* Ks = Qs + TC_CHUNK * TC_P;
-    u16* Vs = Ks + TC_CHUNK * TC_P;
+__device__ __forceinline__ void stage_chunk(u16* Qs, u16* Ks, u16* Vs, const u16* q, const u16* k, const u16* v,
+                                            int t0, int N, int D, int M, int m0) {
     for (int idx = threadIdx.x; idx < TC_CHUNK * TC_TILE / 8; idx += TC_THREADS) {
         const int r = idx / (TC_TILE / 8), c = idx % (TC_TILE / 8) * 8, t = t0 + r, o = r * TC_P + c;
         const long long row = REV ? (long long)(N - 1 - t) : (long long)t;  // read only where t < N
         const bool qk = t < N && c < D, vv = t < N && m0 + c < M;
-        cp_async16(Qs + o, qk ? q + row * D + c : q, qk ? 16 : 0);
+        if (Qs) cp_async16(Qs + o, qk ? q + row * D + c : q, qk ? 16 : 0);
         cp_async16(Ks + o, qk ? k + row * D + c : k, qk ? 16 : 0);
         cp_async16(Vs + o, vv ? v + row * M + m0 + c : v, vv ? 16 : 0);
     }
+}
+
+// The bare product's group states as cdp_group_states_tc<T, REV, false> computes them (slot g + 1
+// of `states` gets group g's sum_j k_j v_j^T; grid (BH, n_groups - 1, n_mtiles)), pipelined the
+// same way: K and V staged by cp.async, K^T and V by ldmatrix.trans, S in the accumulators.
+// smem bytes: 2 (4 CHUNK TC_P) = 36,864.
+template <typename T, bool REV>
+__global__ void __launch_bounds__(TC_THREADS)
+cdp_group_states_tc_staged(const T* __restrict__ k, const T* __restrict__ v, float* __restrict__ states, int N,
+                           int D, int M, int cpg, int n_groups) {
+    extern __shared__ __align__(16) unsigned char smem_staged[];
+    u16* stages = reinterpret_cast<u16*>(smem_staged);  // [2][K, V][token][x]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int r0 = (warp % 4) * 16, c0 = (warp / 4) * 32;
+    const long long bh = blockIdx.x;
+    const int grp = blockIdx.y, m0 = blockIdx.z * TC_TILE;
+    const int n_chunks = (N + TC_CHUNK - 1) / TC_CHUNK;
+    const int c_begin = grp * cpg, c_end = min(n_chunks, (grp + 1) * cpg);
+    const u16* kb = reinterpret_cast<const u16*>(k + bh * N * D);
+    const u16* vb = reinterpret_cast<const u16*>(v + bh * N * M);
+    if (c_begin < c_end)
+        stage_chunk<REV>(nullptr, stages, stages + TC_CHUNK * TC_P, kb, kb, vb, c_begin * TC_CHUNK, N, D, M, m0);
+    cp_async_commit();
+    float s[4][4] = {};
+    for (int chunk = c_begin; chunk < c_end; ++chunk) {
+        const u16* Ks = stages + ((chunk - c_begin) & 1) * 2 * TC_CHUNK * TC_P;
+        const u16* Vs = Ks + TC_CHUNK * TC_P;
+        cp_async_wait_all();
+        __syncthreads();  // this chunk's tiles are in, and every warp is done with the other stage
+        if (chunk + 1 < c_end) {
+            u16* next = stages + ((chunk + 1 - c_begin) & 1) * 2 * TC_CHUNK * TC_P;
+            stage_chunk<REV>(nullptr, next, next + TC_CHUNK * TC_P, kb, kb, vb, (chunk + 1) * TC_CHUNK, N, D, M, m0);
+            cp_async_commit();
+        }
+#pragma unroll
+        for (int kk = 0; kk < TC_CHUNK; kk += 16) {
+            unsigned b[2][4], x[4];
+            frag_b_rows(b, Vs, c0, kk);
+            frag_a_cols(x, Ks, r0, kk);
+            mma_bt<T>(s, x, b);  // S += K^T V
+        }
+    }
+    float* out = states + (bh * n_groups + grp + 1) * (long long)D * M;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int d = r0 + g + 8 * (e / 2), c = m0 + c0 + 8 * nt + 2 * t4 + e % 2;
+            if (d < D && c < M) out[(long long)d * M + c] = s[nt][e];
+        }
 }
 
 // grid (BH, n_groups, n_mtiles) as cdp_chunks_tc; `states` from cdp_group_states(_tc) and
@@ -109,7 +158,9 @@ cdp_chunks_tc_staged(const T* __restrict__ q, const T* __restrict__ k, const T* 
     const u16* kb = reinterpret_cast<const u16*>(k + bh * N * D);
     const u16* vb = reinterpret_cast<const u16*>(v + bh * N * M);
     out += bh * N * M;
-    if (c_begin < c_end) stage_chunk<REV>(stages, qb, kb, vb, c_begin * TC_CHUNK, N, D, M, m0);
+    if (c_begin < c_end)
+        stage_chunk<REV>(stages, stages + TC_CHUNK * TC_P, stages + 2 * TC_CHUNK * TC_P, qb, kb, vb, c_begin * TC_CHUNK,
+                         N, D, M, m0);
     cp_async_commit();
 
     // S (rows d, columns m) where this lane's accumulators hold it, and its bf16 S^T
@@ -133,7 +184,9 @@ cdp_chunks_tc_staged(const T* __restrict__ q, const T* __restrict__ k, const T* 
         // This chunk's tiles and S^T are in, and every warp is done with the other stage and At.
         __syncthreads();
         if (chunk + 1 < c_end) {
-            stage_chunk<REV>(stages + ((chunk + 1 - c_begin) & 1) * TCS_STAGE, qb, kb, vb, t0 + TC_CHUNK, N, D, M, m0);
+            u16* next = stages + ((chunk + 1 - c_begin) & 1) * TCS_STAGE;
+            stage_chunk<REV>(next, next + TC_CHUNK * TC_P, next + 2 * TC_CHUNK * TC_P, qb, kb, vb, t0 + TC_CHUNK, N, D,
+                             M, m0);
             cp_async_commit();
         }
         float a[4][4] = {}, o[4][4] = {};

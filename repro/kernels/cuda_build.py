@@ -27,7 +27,9 @@ SOURCES = {
     "causal_dot_tc.cu": [f"{kern}<bf16_t,{_bool(rev)},{_bool(norm)}>"
                          for kern in ("cdp_group_states_tc", "cdp_chunks_tc")
                          for rev, norm in ((False, False), (True, False), (False, True))],
-    "causal_dot_tc_staged.cu": [f"cdp_chunks_tc_staged<bf16_t,{_bool(rev)}>" for rev in (False, True)],
+    "causal_dot_tc_staged.cu": [f"{kern}<bf16_t,{_bool(rev)}>" for kern in ("cdp_group_states_tc_staged",
+                                                                             "cdp_chunks_tc_staged")
+                                for rev in (False, True)],
     "recurrent_step.cu": [f"linear_step<{t}>" for t in DTYPES],
 }
 PRELUDE = "dtypes.cuh"  # prepended to every source: the 16-bit types and their conversions

@@ -21,9 +21,10 @@ def smem_chunks_tc(d, norm=True):
     return 4 * (dp * TC_SP + (CHUNK * TC_SP if norm else 0) + dp + CHUNK) + 2 * (4 * CHUNK * TC_P + TILE * (dp + 8))
 
 
-# causal_dot_tc_staged.cu's bytes: two stages of Q, K, V tiles, the masked scores and S^T, all
-# 16-bit (D <= 64): 73,728, 3 blocks per H100 SM.
+# causal_dot_tc_staged.cu's bytes (D <= 64, all 16-bit tiles): the chunk kernel's two stages of Q, K,
+# V, the masked scores and S^T, 73,728 (3 blocks per H100 SM); the group states' two stages of K, V.
 SMEM_STAGED = 2 * 8 * CHUNK * TC_P
+SMEM_STAGED_STATES = 2 * 4 * CHUNK * TC_P
 
 
 def smem_group_states_tc(d):

@@ -47,8 +47,8 @@ BARE_SMEM = False
 # The tensor-core kernel loads its Q and K tiles 16 bytes a thread rather than 2 (where D % 8 == 0
 # and the tensors are 16-byte aligned). Off until an H100 measures it, as BARE_SMEM.
 VEC_LOADS = False
-# The bare bf16 product by causal_dot_tc_staged.cu (the next chunk prefetched by cp.async, K and V
-# loaded once and transposed by ldmatrix, S kept in registers; 73,728 bytes, 3 blocks per H100 SM)
+# The bare bf16 product and its group states by causal_dot_tc_staged.cu (the next chunk prefetched
+# by cp.async, K and V loaded once and transposed by ldmatrix, S in registers; 3 blocks per H100 SM)
 # where D <= 64, D and M are multiples of 8 and q, k, v are 16-byte aligned: the same sums as the
 # plain kernel. Off until an H100 measures it, as BARE_SMEM (profile_kernels --parts variants).
 STAGED = False
@@ -210,7 +210,8 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
     props = torch.cuda.get_device_properties(dev)
     cpg, n_groups, n_mt = grid(bh, n, m, props.multi_processor_count, cpg)
     mtot = m + 1 if norm else m
-    flags = f"{t},{'true' if rev else 'false'},{'true' if norm else 'false'}"
+    staged_flags = f"{t},{'true' if rev else 'false'}"
+    flags = f"{staged_flags},{'true' if norm else 'false'}"
     out = _empty((bh, n, m), q.dtype, dev)
     den = _empty((bh, n), torch.float32, dev) if norm else None
     states = _empty((bh, n_groups, d, mtot), torch.float32, dev) if n_groups > 1 else None
@@ -222,23 +223,22 @@ def launch(q, k, v, rev=False, norm=False, eps=0.0, cpg=None, tensor_cores=None)
     CALLS["launch"] += 1
     with cupy.cuda.Device(dev.index), _stream(dev):
         tc = "_tc" if tensor_cores else ""
+        sizes = (i32(n), i32(d), i32(m), *((i32(mtot),) if not staged else ()), i32(cpg), i32(n_groups))
         if states is not None:
-            smem = smem_group_states_tc(d) if tensor_cores else smem_group_states(d)
-            _kernel(f"cdp_group_states{tc}<{flags}>", dev.index, smem)(
-                (bh, n_groups - 1, n_mt), (NTHREADS,),
-                (_ptr(k), _ptr(v), _ptr(states), i32(n), i32(d), i32(m), i32(mtot), i32(cpg), i32(n_groups)),
-                shared_mem=smem)
+            smem = (cuda_grid.SMEM_STAGED_STATES if staged else smem_group_states_tc(d) if tensor_cores
+                    else smem_group_states(d))
+            name = f"cdp_group_states_tc_staged<{staged_flags}>" if staged else f"cdp_group_states{tc}<{flags}>"
+            _kernel(name, dev.index, smem)((bh, n_groups - 1, n_mt), (NTHREADS,),
+                                           (_ptr(k), _ptr(v), _ptr(states), *sizes), shared_mem=smem)
             per_slot = d * mtot
             _kernel("cdp_scan_states", dev.index, 0)(
                 (math.ceil(bh * per_slot / 256),), (256,),
                 (_ptr(states), np.int64(bh), i32(per_slot), i32(n_groups)))
         if staged:
             CALLS["staged"] += 1
-            smem = cuda_grid.SMEM_STAGED
-            _kernel(f"cdp_chunks_tc_staged<{t},{'true' if rev else 'false'}>", dev.index, smem)(
-                (bh, n_groups, n_mt), (NTHREADS,),
-                (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), i32(n), i32(d), i32(m), i32(cpg), i32(n_groups)),
-                shared_mem=smem)
+            _kernel(f"cdp_chunks_tc_staged<{staged_flags}>", dev.index, cuda_grid.SMEM_STAGED)(
+                (bh, n_groups, n_mt), (NTHREADS,), (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), *sizes),
+                shared_mem=cuda_grid.SMEM_STAGED)
             return out, den
         smem = smem_chunks_tc(d, norm or not BARE_SMEM) if tensor_cores else smem_chunks(d)
         args = (_ptr(q), _ptr(k), _ptr(v), _ptr(states), _ptr(out), _ptr(den),
