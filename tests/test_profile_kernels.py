@@ -89,6 +89,39 @@ def test_layer_part_times_each_layer_and_counts_its_kernels(tmp_path, monkeypatc
     assert seen == [5, 5]
 
 
+def test_model_part_trains_each_model_a_step_and_writes_its_kernels(tmp_path, monkeypatch):
+    """The model part on a CPU (a small model; the CUDA timers replaced): each attention's model
+    takes real training steps (its weights change), and model.csv / model_kernels.csv get a row
+    per attention and per kernel."""
+    import argparse
+
+    import pandas as pd
+
+    from repro.common.results import provenance
+
+    before = {}
+
+    def fake_profile(fn, calls):
+        model = fn.__defaults__[0]  # the step's model, bound as a default
+        assert type(model).__name__ == "PixelTransformer" and id(model) not in before
+        before[id(model)] = [p.detach().clone() for p in model.parameters()]
+        fn()
+        assert any(not torch.equal(a, b) for a, b in zip(before[id(model)], model.parameters()))  # it trained
+        return [{"kernel": "gemm", "us_per_call": 1500.0, "launches_per_call": 40.0, "share": 0.75},
+                {"kernel": "elu", "us_per_call": 500.0, "launches_per_call": 2.0, "share": 0.25}]
+
+    monkeypatch.setattr(profile_kernels, "event_ms", lambda fn, **kw: (fn(), 31.0)[1])
+    monkeypatch.setattr(profile_kernels, "profile_pass", fake_profile)
+    monkeypatch.setattr(profile_kernels, "MODEL", {**profile_kernels.MODEL, "n_layers": 1, "d_model": 16, "d_ff": 32})
+    monkeypatch.setattr(profile_kernels, "VALUES", 20)
+    profile_kernels.model_part(argparse.Namespace(), provenance(torch.device("cpu")), str(tmp_path), None,
+                               torch.device("cpu"))
+    df, kernels = pd.read_csv(tmp_path / "model.csv"), pd.read_csv(tmp_path / "model_kernels.csv")
+    assert list(df.attention) == ["softmax", "linear"] and (df.ms_per_step == 31.0).all()
+    assert (df.busy_ms_per_step == 2.0).all() and (df.kernels_per_step == 42.0).all() and (df.n == 19).all()
+    assert list(kernels.attention) == ["softmax", "softmax", "linear", "linear"] and len(before) == 2
+
+
 def test_host_paths_call_each_layer_of_the_launch_path():
     """Each host path calls what it names: the bare launch on (BH, N, X) tensors, the op without
     autograd, the backward op directly, and the op through autograd (with gradients)."""

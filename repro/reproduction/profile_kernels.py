@@ -10,7 +10,8 @@ wall time per call of a tiny problem (B = H = 1, N = 64), where the GPU's work i
 microseconds, so the time is the launch path's own, and host_profile.txt where it goes
 (cProfile). --parts groups times the forward against the chunks each block walks
 (chunks_per_group.csv); --parts layer one attention layer's forward + backward at the MNIST
-model's shape, softmax against linear, in ms and CUDA kernels per call (layer.csv); --parts
+model's shape, softmax against linear, in ms and CUDA kernels per call (layer.csv); --parts model
+a training step of the whole MNIST model, wall against kernel-busy time (model.csv); --parts
 variants the tensor-core kernel's switched-off variants against it (tc_variants.csv). With
 Nsight Compute (`ncu`) on the PATH, --ncu also writes its details page (speed of light,
 occupancy, warp stalls, memory) for the bf16 forward at N = 16k to ncu_fwd_bf16.txt (CSV after
@@ -261,21 +262,60 @@ def layer_part(args, base, out_dir, cupy_backend, device):
                 kernels = profile_pass(fn, 5)
             rows.append({**base, "task": "kernels.layer", "attention": name, "kernel": kernel or "dispatcher",
                          "pass": "fwd_bwd", "dtype": dtype_name, "batch": 10, "heads": 8, "n": 784, "d_model": 256,
-                         "ms": ms, "kernels_per_call": sum(r["launches_per_call"] for r in kernels),
+                         "ms": ms, "busy_ms": sum(r["us_per_call"] for r in kernels) / 1000,
+                         "kernels_per_call": sum(r["launches_per_call"] for r in kernels),
                          "top_kernel": kernels[0]["kernel"][:100] if kernels else ""})
             print(f"layer {name:8s} ({kernel or 'dispatcher'}) {dtype_name}: {ms:7.3f} ms, "
                   f"{rows[-1]['kernels_per_call']:.0f} kernels per forward + backward", flush=True)
     atomic_write(os.path.join(out_dir, "layer.csv"), rows_to_csv(rows))
 
 
+# The MNIST model as reproduce_gpu's step 6 trains it (conf/experiment/paper_mnist.yaml), in fp32
+MODEL, BATCH, VALUES = dict(n_layers=8, d_model=256, n_heads=8, d_ff=1024, dropout=0.1, embedding_dropout=0.0), 10, 784
+
+
+def model_part(args, base, out_dir, cupy_backend, device):
+    """model.csv: one training step (forward, backward, clipped Adam step) of the MNIST model, softmax
+    against linear: wall ms per step (CUDA events), the ms its kernels are busy and how many it
+    launches; model_kernels.csv: each attention's 25 busiest kernels. A step whose wall time is
+    far above its busy time waits on the host's launches, not on the GPU's work."""
+    from repro.attention import LinearAttention, SoftmaxAttention
+    from repro.models.pixels import PixelTransformer
+
+    rows, kernel_rows = [], []
+    for name, cls in (("softmax", SoftmaxAttention), ("linear", LinearAttention)):
+        torch.manual_seed(0)
+        model = PixelTransformer(cls, n_mixtures=10, **MODEL).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        seq = torch.randint(0, 256, (BATCH, VALUES), device=device)
+
+        def step(model=model, opt=opt, seq=seq):
+            model.nll(seq).mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        ms, kernels = event_ms(step, repeats=5, calls=2), profile_pass(step, 3)
+        rows.append({**base, "task": "kernels.model", "attention": name, "dtype": "fp32", "batch": BATCH,
+                     "n": VALUES - 1, **MODEL, "ms_per_step": ms,
+                     "busy_ms_per_step": sum(r["us_per_call"] for r in kernels) / 1000,
+                     "kernels_per_step": sum(r["launches_per_call"] for r in kernels)})
+        kernel_rows += [{**base, "task": "kernels.model", "attention": name, **r} for r in kernels[:25]]
+        print(f"model {name:8s}: {ms:7.2f} ms per step, kernels busy {rows[-1]['busy_ms_per_step']:.2f} ms, "
+              f"{rows[-1]['kernels_per_step']:.0f} kernels", flush=True)
+    atomic_write(os.path.join(out_dir, "model.csv"), rows_to_csv(rows))
+    atomic_write(os.path.join(out_dir, "model_kernels.csv"), rows_to_csv(kernel_rows))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", default=None, help="where the files go (default results/profile/<device>)")
     ap.add_argument("--parts", nargs="+", default=["kernels", "host"],
-                    choices=["kernels", "host", "groups", "layer", "variants"],
+                    choices=["kernels", "host", "groups", "layer", "model", "variants"],
                     help="kernels: kernel_times.csv; host: host_overhead.csv, host_profile.txt; groups: "
                     "chunks_per_group.csv, the forward's time against the chunks per group (the launch's gridDim.y); "
                     "layer: layer.csv, one attention layer's forward + backward at the MNIST model's shape; "
+                    "model: model.csv, model_kernels.csv, a training step of the MNIST model, softmax against linear; "
                     "variants: tc_variants.csv, the tensor-core kernel's switched-off variants against it")
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
@@ -300,7 +340,7 @@ def main(argv=None) -> int:
     out_dir = args.out_dir or os.path.join("results", "profile", base["device"].replace(" ", "_"))
     os.makedirs(out_dir, exist_ok=True)
     parts = {"kernels": kernels_part, "host": host_part, "groups": groups, "layer": layer_part,
-             "variants": variants_part}
+             "model": model_part, "variants": variants_part}
     for part in args.parts:
         parts[part](args, base, out_dir, cupy_backend, device)
     if args.ncu:
