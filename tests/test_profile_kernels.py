@@ -41,6 +41,30 @@ def test_refuses_without_a_gpu_in_one_line(monkeypatch, capsys):
     assert err.count("\n") == 0 and "needs a CUDA device" in err
 
 
+def test_switches_turn_variants_on_for_every_part_and_keep_their_files_apart(tmp_path, monkeypatch):
+    """--switch STAGED: the parts (and ncu's child process) run with the variant on, their rows say
+    so, and their files go to a folder of their own beside the plain runs'."""
+    from repro.kernels import cupy_backend
+
+    monkeypatch.setattr(cupy_backend, "STAGED", False)  # restored after the test
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(profile_kernels, "provenance", lambda device: {"device": "Fake GPU"})
+    seen = {}
+    monkeypatch.setattr(profile_kernels, "kernels_part",
+                        lambda args, base, out_dir, backend, device: seen.update(
+                            staged=backend.STAGED, base=base, out_dir=out_dir))
+    monkeypatch.setattr(profile_kernels, "run_ncu", lambda out_dir, n, timeout_s, switches=(): seen.update(
+        ncu=(out_dir, list(switches))) or "ncu ok")
+    assert profile_kernels.main(["--parts", "kernels", "--switch", "STAGED", "--ncu", "--out-dir", str(tmp_path)]) == 0
+    assert seen["staged"] is True and seen["base"]["switches"] == "STAGED"
+    assert seen["out_dir"] == str(tmp_path / "STAGED") == seen["ncu"][0] and seen["ncu"][1] == ["STAGED"]
+    seen.clear()
+    cupy_backend.STAGED = False
+    assert profile_kernels.main(["--parts", "kernels", "--out-dir", str(tmp_path)]) == 0
+    assert seen["staged"] is False and seen["base"]["switches"] == "" and seen["out_dir"] == str(tmp_path)
+
+
 def test_one_call_runs_forward_and_backward_of_the_op():
     from repro.kernels.reference import causal_dot_product_naive
     from repro.reproduction.bench import one_call

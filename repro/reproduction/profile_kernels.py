@@ -119,7 +119,7 @@ def host_profile(fn, calls: int = 100, top: int = 30) -> str:
     return text.getvalue()
 
 
-def run_ncu(out_dir, n: int, timeout_s: float) -> str:
+def run_ncu(out_dir, n: int, timeout_s: float, switches=()) -> str:
     """Nsight Compute's details page for the bf16 forward's kernels at N = n; what happened, in words."""
     ncu = shutil.which("ncu")
     if ncu is None:
@@ -127,7 +127,8 @@ def run_ncu(out_dir, n: int, timeout_s: float) -> str:
     cmd = [ncu, "--csv", "--page", "details", "--kernel-name", "regex:cdp_", "--launch-skip", "3",
            "--launch-count", "3", *[a for s in ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
                                               "MemoryWorkloadAnalysis", "SchedulerStats") for a in ("--section", s)],
-           sys.executable, "-m", "repro.reproduction.profile_kernels", "--target", str(n)]
+           sys.executable, "-m", "repro.reproduction.profile_kernels", "--target", str(n),
+           *(["--switch", *switches] if switches else [])]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -320,6 +321,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--switch", nargs="+", default=[], choices=SWITCHES,
+                    help="turn these tensor-core variants on for every part (files go to <out-dir>/<variants>/)")
     ap.add_argument("--ncu", action="store_true", help="also Nsight Compute's details for the bf16 forward at 16k")
     ap.add_argument("--ncu-timeout-s", type=float, default=90.0)
     ap.add_argument("--target", type=int, default=None, help=argparse.SUPPRESS)  # the process ncu profiles
@@ -329,6 +332,8 @@ def main(argv=None) -> int:
         return 2
     from repro.kernels import cupy_backend
 
+    for name in args.switch:
+        setattr(cupy_backend, name, True)
     device = torch.device("cuda", torch.cuda.current_device())
     if args.target is not None:  # under ncu: a few forward launches, nothing written
         (q, k, v), _ = inputs(8, 8, args.target, 64, 64, torch.bfloat16, device)
@@ -336,15 +341,16 @@ def main(argv=None) -> int:
             cupy_backend.causal_dot_product(q, k, v)
         torch.cuda.synchronize()
         return 0
-    base = provenance(device)
+    base = {**provenance(device), "switches": "+".join(sorted(args.switch))}
     out_dir = args.out_dir or os.path.join("results", "profile", base["device"].replace(" ", "_"))
+    out_dir = os.path.join(out_dir, base["switches"]) if args.switch else out_dir  # beside the plain runs' files
     os.makedirs(out_dir, exist_ok=True)
     parts = {"kernels": kernels_part, "host": host_part, "groups": groups, "layer": layer_part,
              "model": model_part, "variants": variants_part}
     for part in args.parts:
         parts[part](args, base, out_dir, cupy_backend, device)
     if args.ncu:
-        print(run_ncu(out_dir, 16384, args.ncu_timeout_s), flush=True)
+        print(run_ncu(out_dir, 16384, args.ncu_timeout_s, args.switch), flush=True)
     return 0
 
 
