@@ -199,6 +199,7 @@ def _mma(acc, a, b):
 def ldmatrix_x4_trans(flat, addr):
     """ldmatrix .x4 .trans: lanes 8 i .. 8 i + 7 give (in addr) the offsets of matrix i's 8 rows of 8
     elements; lane 4 g + t gets in register i matrix i's [2t][g] and [2t + 1][g]. (32, 4, 2)."""
+    assert all(a % 8 == 0 for a in addr), "ldmatrix rows must be 16-byte aligned"
     mats = np.array([[flat[addr[8 * i + r]:addr[8 * i + r] + 8] for r in range(8)] for i in range(4)])
     regs = np.zeros((32, 4, 2))
     for lane in range(32):

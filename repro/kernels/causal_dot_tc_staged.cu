@@ -8,13 +8,20 @@
 //    twice, and nothing is stored transposed by 2-byte scatters;
 //  - S stays in the warps' fp32 mma accumulators (warp w owns S's rows 16 (w % 4).. and columns
 //    32 (w / 4)..: the tile it updates), stored only as the bf16 S^T operand of Q S.
-// Two barriers a chunk where cdp_chunks_tc has six. Every product sums the same terms in the same
+// Two barriers a chunk where cdp_chunks_tc has five. Every product sums the same terms in the same
 // order as cdp_chunks_tc, so the outputs are bit for bit its outputs (tests/test_cupy_kernels.py).
 // causal_dot_tc.cu (its tile sizes, Mma, ld_pair, mma_k16) precedes this file (cuda_build.py).
 // The chunk kernel's smem bytes: 2 (8 CHUNK TC_P) = 73,728, so 3 blocks fit an H100 SM (227 KB
-// usable) where cdp_chunks_tc's 83,456 fit 2.
+// usable) where cdp_chunks_tc's 83,456 fit 2; so do its registers (TCS_MIN_BLOCKS).
 
 #define TCS_STAGE (3 * TC_CHUNK * TC_P)  // Q, K, V of one chunk, 16-bit elements
+// Hopper's 227 KB of shared memory an SM hold 3 chunk-kernel blocks: registers must allow them too
+// (80 a thread; unasked, ptxas takes 81, which fits 2). Smaller GPUs fit fewer by shared memory.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define TCS_MIN_BLOCKS 3
+#else
+#define TCS_MIN_BLOCKS 1
+#endif
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -69,6 +76,24 @@ __device__ __forceinline__ void frag_b_rows(unsigned (&b)[2][4], const u16* Y, i
     const int lane = threadIdx.x % 32, i = lane / 8, rr = lane % 8;
 #pragma unroll
     for (int pair = 0; pair < 2; ++pair) ldsm_x4_trans(b[pair], Y + (k0 + rr + 8 * (i % 2)) * TC_P + c0 + 16 * pair + 8 * (i / 2));
+}
+
+// O += mask(A) V and, when UPDATE, S += K^T V, from the same V fragments (two loops rather than a
+// branch in one, so that the K^T fragments' loads can be scheduled early).
+template <typename T, bool UPDATE>
+__device__ __forceinline__ void av_and_kv(float (&o)[4][4], float (&s)[4][4], const u16* At, const u16* Ks,
+                                          const u16* Vs, int r0, int c0) {
+#pragma unroll
+    for (int kk = 0; kk < TC_CHUNK; kk += 16) {
+        unsigned b[2][4], x[4];
+        frag_b_rows(b, Vs, c0, kk);  // V [token][m]
+        frag_a_rows(x, At, TC_P, r0, kk);
+        mma_bt<T>(o, x, b);
+        if (UPDATE) {
+            frag_a_cols(x, Ks, r0, kk);
+            mma_bt<T>(s, x, b);
+        }
+    }
 }
 
 // Q (unless Qs is null), K (columns 0..TILE of D) and V (columns m0..m0 + TILE of M) of the chunk
@@ -139,7 +164,7 @@ cdp_group_states_tc_staged(const T* __restrict__ k, const T* __restrict__ v, flo
 // grid (BH, n_groups, n_mtiles) as cdp_chunks_tc; `states` from cdp_group_states(_tc) and
 // cdp_scan_states (Mtot = M), or null for one group.
 template <typename T, bool REV>
-__global__ void __launch_bounds__(TC_THREADS)
+__global__ void __launch_bounds__(TC_THREADS, TCS_MIN_BLOCKS)
 cdp_chunks_tc_staged(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const float* __restrict__ states, T* __restrict__ out, int N, int D, int M, int cpg,
                      int n_groups) {
@@ -204,17 +229,10 @@ cdp_chunks_tc_staged(const T* __restrict__ q, const T* __restrict__ k, const T* 
             }
         __syncthreads();  // At; and every read of S^T is done, so it may be rewritten below
         const bool more = chunk + 1 < c_end;
-#pragma unroll
-        for (int kk = 0; kk < TC_CHUNK; kk += 16) {
-            unsigned b[2][4], x[4];
-            frag_b_rows(b, Vs, c0, kk);  // V [token][m], shared by both products
-            frag_a_rows(x, At, TC_P, r0, kk);
-            mma_bt<T>(o, x, b);  // O += mask(A) V
-            if (more) {
-                frag_a_cols(x, Ks, r0, kk);
-                mma_bt<T>(s, x, b);  // S += K^T V
-            }
-        }
+        if (more)
+            av_and_kv<T, true>(o, s, At, Ks, Vs, r0, c0);
+        else  // a group's last chunk: its state is not needed
+            av_and_kv<T, false>(o, s, At, Ks, Vs, r0, c0);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
