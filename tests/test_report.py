@@ -784,3 +784,16 @@ def test_publishing_writes_the_commands_that_made_the_rows(tmp_path, monkeypatch
     assert command(folder, tmp_path) == f"{line}\npython run.py seed=1"
     monkeypatch.delenv(results.COMMAND_ENV)
     assert "command" not in results.provenance(torch.device("cpu"))  # outside run.py: none claimed
+
+
+def test_marks_read_load_and_extrapolation_from_a_runs_row():
+    """A value is marked loaded only where the row names its cores and its load passed them (the
+    larger of the start and end loads), extrapolated only where the row says so."""
+    from repro.reproduction.report import marks
+    row = {"device": "AMD EPYC (2 cores, 1 threads)", "loadavg_1min_start": 1.5, "loadavg_1min_end": 2.5,
+           "extrapolated": "True"}
+    assert marks.load_avg(row) == 2.5 and marks.loaded(row) and marks.extrapolated(row)
+    assert marks.marked(3.0, row) == "3 (extrapolated, loaded)"
+    quiet = {**row, "loadavg_1min_end": float("nan"), "extrapolated": False}
+    assert marks.load_avg(quiet) == 1.5 and not marks.loaded(quiet) and marks.marked(3.0, quiet) == "3"
+    assert not marks.loaded({**row, "device": "NVIDIA H100 80GB HBM3"})  # no core count: never judged loaded

@@ -5,7 +5,6 @@ throughput.csv, one column per hardware; and the GPU MNIST step's bits/dim again
 A column holds one run: bits/dim from one folder, images/s and seconds per image from one
 throughput run at one batch (see column_runs); the other runs on that hardware are named under
 the table, never mixed in."""
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,9 +18,9 @@ from repro.reproduction.report.format import (
     hardware,
     hw_class,
     md_table,
-    num,
     run_rows,
 )
+from repro.reproduction.report.marks import extrapolated, load_avg, loaded, marked
 from repro.reproduction.report.schema import Rows, Table, failed, named, read_rows
 
 BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
@@ -78,34 +77,6 @@ def _throughput(csvs):
     return [(folder, df) for folder, df in named(csvs, "throughput.csv") if {"size", "method"} <= set(df)]
 
 
-def _extrapolated(r) -> bool:
-    return str(r.get("extrapolated", "")).lower() == "true"
-
-
-def _load(r) -> float | None:
-    """The 1-minute load average over the run of row `r` (the larger of start and end), if recorded."""
-    vals = [float(r[c]) for c in ("loadavg_1min_start", "loadavg_1min_end") if c in r and pd.notna(r[c])]
-    return max(vals) if vals else None
-
-
-def _cores(device: str) -> int | None:
-    m = re.search(r"\((\d+) cores", str(device))
-    return int(m.group(1)) if m else None
-
-
-def _loaded(r) -> bool:
-    """More runnable processes than cores while it ran: its wall-clock values are inflated."""
-    load, cores = _load(r), _cores(r.get("device", ""))
-    return load is not None and cores is not None and load > cores
-
-
-def _marked(value, r) -> str:
-    """A measured value, marked where it stands when the run was stopped at its time budget and
-    extrapolated, or ran on a loaded machine."""
-    marks = [m for m, on in (("extrapolated", _extrapolated(r)), ("loaded", _loaded(r))) if on]
-    return num(float(value)) + (f" ({', '.join(marks)})" if marks else "")
-
-
 def _on(df, cls):
     """The rows of `df` that ran on hardware class `cls` (see hw_class)."""
     devices = df["device"].astype(str) if "device" in df else pd.Series("", index=df.index)
@@ -145,15 +116,15 @@ def column_runs(thr, cls, cells, batch=None) -> list[Run]:
         return [Run(cls)]
 
     def load(run):
-        return max([v for v in map(_load, runs[run].values()) if v is not None] or [0.0])
+        return max([v for v in map(load_avg, runs[run].values()) if v is not None] or [0.0])
 
     def rank(run):
         rows = list(runs[run].values())
-        return (len(rows), run[1], -sum(map(_extrapolated, rows)), -load(run), str(run[0]))
+        return (len(rows), run[1], -sum(map(extrapolated, rows)), -load(run), str(run[0]))
 
     pick = max(runs, key=rank)
     quiet = [run for run in sorted(runs, key=str) if run != pick and len(runs[run]) >= 2
-             and not any(_extrapolated(r) or _loaded(r) for r in runs[run].values())]
+             and not any(extrapolated(r) or loaded(r) for r in runs[run].values())]
     shown = [pick, *quiet]
     left = sorted((run for run in runs if run not in shown), key=str)
     return [Run(cls, run[0], run[1], runs[run], left if run == pick else [], quiet=run != pick) for run in shown]
@@ -167,7 +138,7 @@ def _cell(run: Run, ds, method, column) -> str:
         return "not in this run"
     if failed(r.status):  # oom, timeout, error: ...: never a value
         return str(r.status)
-    return _marked(r[column], r) if pd.notna(r[column]) else "not measured"
+    return marked(r[column], r) if pd.notna(r[column]) else "not measured"
 
 
 def _header(quantity, run: Run) -> str:
@@ -182,7 +153,7 @@ def _run_note(run: Run, quantity, root) -> str | None:
     rows = list(run.rows.values())
     device = "; ".join(dict.fromkeys(str(r.get("device", "")) for r in rows if str(r.get("device", ""))))
     shas = ", ".join(dict.fromkeys(str(r["git_sha"])[:7] for r in rows if pd.notna(r.get("git_sha"))))
-    loads = [v for v in map(_load, rows) if v is not None]
+    loads = [v for v in map(load_avg, rows) if v is not None]
     load = f", 1-min load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     note = (f"{_header(quantity, run)[0].upper()}{_header(quantity, run)[1:]}: one run, "
             f"`{run.folder.relative_to(root)}` ({device or 'device not recorded'}{f', git {shas}' if shas else ''}"

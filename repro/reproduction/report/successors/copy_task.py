@@ -6,9 +6,9 @@ lower held-out loss than linear?"""
 import pandas as pd
 
 from repro.reproduction import verdicts
+from repro.reproduction.report import marks
 from repro.reproduction.report.figure2 import COPY_ROWS
 from repro.reproduction.report.format import hardware, md_table, num
-from repro.reproduction.report.images import _loaded
 from repro.reproduction.report.schema import failed, read_rows
 from repro.reproduction.report.successors.runs import not_yet_run, source, with_mark
 
@@ -92,7 +92,7 @@ def _cells(g) -> list:
         return [None, f"failed ({'; '.join(sorted(set(g.status)))})", None, None]
     ms = ok.time_per_step_ms.mean() if "time_per_step_ms" in ok and ok.time_per_step_ms.notna().any() else None
     return [f"{int(ok.steps.max()):,}", seeds.text("{:#.3g}"), f"{100 * ok.eval_accuracy.mean():.1f} %",
-            with_mark(num(float(ms)), bool(ok.apply(_loaded, axis=1).any())) if ms is not None else None]
+            with_mark(num(float(ms)), bool(ok.apply(marks.loaded, axis=1).any())) if ms is not None else None]
 
 
 def copy_lengths(ctx) -> str:

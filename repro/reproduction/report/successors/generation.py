@@ -3,8 +3,8 @@ a measurement) and the speed of generating with each recurrent twin beside linea
 with a key/value cache (stateful softmax), at batch 1 and 64."""
 import pandas as pd
 
+from repro.reproduction.report import marks
 from repro.reproduction.report.format import dataset_of, hardware, md_table, num, run_rows
-from repro.reproduction.report.images import _extrapolated, _loaded, _marked
 from repro.reproduction.report.schema import Table
 from repro.reproduction.report.successors.runs import checked, loaded_by, not_yet_run, source, status_of, with_mark
 
@@ -66,15 +66,15 @@ def _speedup(r, base, column, faster_is_larger: bool) -> str | None:
     a, b = float(r[column]), float(base[column])
     if not (a > 0 and b > 0):
         return None
-    marks = [m for m, on in (("extrapolated", _extrapolated(r) or _extrapolated(base)),
-                             ("loaded", _loaded(r) or _loaded(base))) if on]
-    return f"{(a / b if faster_is_larger else b / a):.3g}x" + (f" ({', '.join(marks)})" if marks else "")
+    on = [m for m, is_on in (("extrapolated", marks.extrapolated(r) or marks.extrapolated(base)),
+                             ("loaded", marks.loaded(r) or marks.loaded(base))) if is_on]
+    return f"{(a / b if faster_is_larger else b / a):.3g}x" + (f" ({', '.join(on)})" if on else "")
 
 
 def _value(r, column) -> str | None:
     if r is None:
         return "not in this run"
-    return status_of(r.status) or (_marked(r[column], r) if pd.notna(r[column]) else "not measured")
+    return status_of(r.status) or (marks.marked(r[column], r) if pd.notna(r[column]) else "not measured")
 
 
 def speed(ctx) -> str:

@@ -5,8 +5,8 @@ import re
 from pathlib import Path
 
 from repro.common.results import REPO
+from repro.reproduction.report import marks
 from repro.reproduction.report.format import code, command
-from repro.reproduction.report.images import _loaded
 from repro.reproduction.report.schema import failed
 
 # the folder each preset of conf/experiment publishes -> the command that makes it
@@ -57,7 +57,7 @@ def loaded_by(rows, key: str) -> dict:
     out = {}
     for r in rows:
         if r.get("kind") == "final" and r.get(key) is not None:
-            out[str(r[key])] = out.get(str(r[key]), False) or _loaded(r)
+            out[str(r[key])] = out.get(str(r[key]), False) or marks.loaded(r)
     return out
 
 

@@ -1,0 +1,36 @@
+"""How the report marks a measured value it shows: "extrapolated" where the run stopped at its
+time budget and extrapolated the rest, "loaded" where the machine had more runnable processes than
+cores while it ran (its wall-clock values are inflated). Every section that prints a speed reads
+these marks from the run's rows here."""
+import re
+
+import pandas as pd
+
+from repro.reproduction.report.format import num
+
+
+def extrapolated(r) -> bool:
+    return str(r.get("extrapolated", "")).lower() == "true"
+
+
+def load_avg(r) -> float | None:
+    """The 1-minute load average over the run of row `r` (the larger of start and end), if recorded."""
+    vals = [float(r[c]) for c in ("loadavg_1min_start", "loadavg_1min_end") if c in r and pd.notna(r[c])]
+    return max(vals) if vals else None
+
+
+def _cores(device: str) -> int | None:
+    m = re.search(r"\((\d+) cores", str(device))
+    return int(m.group(1)) if m else None
+
+
+def loaded(r) -> bool:
+    """More runnable processes than cores while it ran: its wall-clock values are inflated."""
+    load, cores = load_avg(r), _cores(r.get("device", ""))
+    return load is not None and cores is not None and load > cores
+
+
+def marked(value, r) -> str:
+    """A measured value, marked where it stands when the run was extrapolated or loaded."""
+    marks = [m for m, on in (("extrapolated", extrapolated(r)), ("loaded", loaded(r))) if on]
+    return num(float(value)) + (f" ({', '.join(marks)})" if marks else "")
