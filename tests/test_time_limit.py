@@ -64,11 +64,14 @@ def test_resume_with_the_same_limit_trains_nothing_and_a_larger_one_trains_on(co
 
     same = tiny_fit(cfg("trainer.max_time_s=0.3", f"trainer.resume={tmp_path / 'first'}"), tmp_path / "same")
     assert same["status"] == "stopped: time limit" and same["steps"] == step and same["steps_this_process"] == 0
+    timing = ("time_per_step_ms", "time_per_step_mean_ms", "cpu_time_per_step_ms")
+    assert [same[k] for k in timing] == [first[-1][k] for k in timing] and first[-1]["time_per_step_ms"] > 0
     assert steps_of(read_jsonl(tmp_path / "same/results.jsonl"), "train") == steps_of(first, "train")
 
     more = tiny_fit(cfg(f"trainer.max_steps={step + 5}", "trainer.max_time_s=1000",
                         f"trainer.resume={tmp_path / 'first'}"), tmp_path / "more")
     assert more["status"] == "ok" and more["steps"] == step + 5 and more["steps_this_process"] == 5
+    assert more["time_per_step_ms"] != first[-1]["time_per_step_ms"]  # its own steps' times, not the carried ones
     assert more["elapsed_s"] > at_stop
 
 

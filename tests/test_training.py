@@ -209,6 +209,9 @@ def test_resuming_a_finished_run_says_so_and_trains_nothing(compose_cfg, tmp_pat
     assert "nan" not in out and "ok, step 3" in out and "no steps trained in this process" in out
     assert [r["kind"] for r in rest] == [r["kind"] for r in first]  # no second evaluation
     assert rest[-1]["eval_loss"] == first[-1]["eval_loss"] and rest[-1]["steps_this_process"] == 0
+    # the step times are those of the run that trained (kept in its checkpoint), not lost
+    assert rest[-1]["time_per_step_ms"] == first[-1]["time_per_step_ms"] > 0
+    assert f"mean {first[-1]['time_per_step_mean_ms']:.1f} ms" in out and "the one that wrote its checkpoint" in out
 
 
 def test_max_steps_below_the_checkpoint_is_refused(compose_cfg, tmp_path):

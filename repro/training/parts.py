@@ -3,6 +3,7 @@ is built from: the trainer config's checks, precision, seeding, moving batches t
 torch.compile, held-out evaluation, and the small helpers its rows use."""
 import math
 import random
+import statistics
 from contextlib import contextmanager
 
 import numpy as np
@@ -118,12 +119,27 @@ def run_hook(hook, model, step, device) -> dict:
         return hook(model, step) or {}
 
 
+def step_timing(step_times, cpu_times, before: dict) -> dict:
+    """The final row's step times in ms (the median and mean wall time, the median CPU time of all
+    the process's threads, which other processes' load barely moves), WARMUP_STEPS left out, from
+    this process's steps; where it took none (a resume of a finished or timed-out run), `before`:
+    those its checkpoint kept from the process that wrote it, so a resume does not lose them."""
+    timed, cpu = step_times[WARMUP_STEPS:] or step_times, cpu_times[WARMUP_STEPS:] or cpu_times
+    if not timed:
+        return {"time_per_step_ms": None, "time_per_step_mean_ms": None, "cpu_time_per_step_ms": None, **before}
+    return {"time_per_step_ms": 1e3 * statistics.median(timed), "time_per_step_mean_ms": 1e3 * mean(timed),
+            "cpu_time_per_step_ms": 1e3 * statistics.median(cpu) if cpu else None}
+
+
 def step_time_text(final: dict) -> str:
     """The final row's step times for the line a task prints: the mean (steps x mean is the
     training's wall time, other processes' load included) and the median (a typical step)."""
     if not final.get("time_per_step_mean_ms"):
         return "no steps trained in this process"
-    return f"step time mean {final['time_per_step_mean_ms']:.1f} ms (median {final['time_per_step_ms']:.1f} ms)"
+    text = f"step time mean {final['time_per_step_mean_ms']:.1f} ms (median {final['time_per_step_ms']:.1f} ms)"
+    if final.get("steps_this_process") == 0:  # carried from the checkpoint (step_timing)
+        return f"no steps trained in this process; {text} in the one that wrote its checkpoint"
+    return text
 
 
 def rows_last(rows, kind, key):

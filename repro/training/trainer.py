@@ -29,7 +29,6 @@ the device's queue.
 import functools
 import math
 import os
-import statistics
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -63,6 +62,7 @@ from repro.training.parts import (
     mean,
     rows_last,
     run_hook,
+    step_timing,
     to_device,
     validate,
 )
@@ -100,6 +100,7 @@ class Trainer:
         # what a checkpoint holds and a resume restores
         self.step, self.history, self.logger_id, self.window, self.last_eval = 0, [], None, {}, {}
         self.elapsed_before = 0.0  # seconds of training in the processes before this one
+        self.timing_before = {}
         self.rng, self.per_rank_rng = None, False
         self.status, self.stop, self.step_times, self.cpu_times = "ok", [], [], []
 
@@ -148,6 +149,7 @@ class Trainer:
         self.window = ckpt.get("window") or {}  # the steps since the last train row, which it will average
         self.last_eval = ckpt.get("last_eval") or {}  # what the final row reports until the next evaluation
         self.elapsed_before = float(ckpt.get("elapsed_s", 0.0))  # (checkpoints older than elapsed_s: from 0)
+        self.timing_before = ckpt.get("timing") or {}  # the step times of the process that wrote it
         self.per_rank_rng = len(ckpt.get("rng_ranks") or []) == self.world  # saved by this many ranks
         self.rng = ckpt["rng_ranks"][self.rank] if self.per_rank_rng else ckpt["rng"]
         step, path = self.step, ckpt["path"]
@@ -346,6 +348,7 @@ class Trainer:
                 "window": {k: [float(v) for v in vs] for k, vs in self.window.items()},  # (host floats already)
                 "last_eval": self.last_eval,
                 "elapsed_s": self.elapsed(),  # a resume's clock starts here, so elapsed_s runs on across processes
+                "timing": step_timing(self.step_times, self.cpu_times, self.timing_before),
                 **({"rng_ranks": rngs, "world_size": self.world} if self.distributed else {}),
                 "fingerprint": self.fingerprint,
                 "logger_run_id": getattr(getattr(self.logger, "run", None), "id", None),
@@ -383,16 +386,11 @@ class Trainer:
 
     def _final_metrics(self) -> dict:
         t = self.t
-        timed = self.step_times[WARMUP_STEPS:] or self.step_times
-        cpu = self.cpu_times[WARMUP_STEPS:] or self.cpu_times
         return {
             "status": self.status, "steps": self.step, "steps_this_process": self.step - self.first_step,
             "train_loss": self.last_train_loss,
             **{f"eval_{k}": v for k, v in self.last_eval.items()},
-            "time_per_step_ms": 1e3 * statistics.median(timed) if timed else None,
-            "time_per_step_mean_ms": 1e3 * mean(timed) if timed else None,
-            # this process's CPU time (all its threads): barely moved by other processes' load
-            "cpu_time_per_step_ms": 1e3 * statistics.median(cpu) if cpu else None,
+            **step_timing(self.step_times, self.cpu_times, self.timing_before),
             "train_time_s": time.perf_counter() - self.began,
             "n_params": sum(p.numel() for p in self.model.parameters()),
             "loadavg_1min_start": self.load_start, "loadavg_1min_end": os.getloadavg()[0],
