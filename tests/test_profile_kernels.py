@@ -16,6 +16,9 @@ def test_kernel_shares_keeps_device_kernels_per_call_largest_first():
               _event("cdp_chunks_tc<__nv_bfloat16,false,false>", torch.autograd.DeviceType.CUDA, 300.0, 10),
               _event("cdp_scan_states", torch.autograd.DeviceType.CUDA, 20.0, 10),
               _event("cdp_group_states_tc<...>", torch.autograd.DeviceType.CUDA, 80.0, 10)]
+    # a record_function range (the optimizer's step) shown on the device: it spans kernels, it is none
+    events.append(SimpleNamespace(**{**vars(_event("Optimizer.step#RAdam.step", torch.autograd.DeviceType.CUDA,
+                                                   900.0, 10)), "is_user_annotation": True}))
     rows = profile_kernels.kernel_shares(events, calls=10)
     assert [r["kernel"][:8] for r in rows] == ["cdp_chun", "cdp_grou", "cdp_scan"]
     assert rows[0]["us_per_call"] == 30.0 and rows[0]["launches_per_call"] == 1.0
@@ -123,11 +126,16 @@ def test_model_part_trains_each_model_a_step_and_writes_its_kernels(tmp_path, mo
 
     from repro.common.results import provenance
 
-    before = {}
+    before, dropouts = {}, []
 
     def fake_profile(fn, calls):
-        model = fn.__defaults__[0]  # the step's model, bound as a default
+        model, opt, _ = fn.__defaults__  # the step's model and optimizer, bound as defaults
         assert type(model).__name__ == "PixelTransformer" and id(model) not in before
+        # step 6's choices (paper_mnist with paper_authors): concatenated positions, the authors' RAdam,
+        # softmax's attention dropout
+        assert model.embedding == "concat" and type(opt).__name__ == "RAdam"
+        assert opt.defaults["max_grad_norm"] == 1.0 and opt.defaults["weight_decay"] == 0.01
+        dropouts.append({getattr(m, "attention_dropout", None) for m in model.modules()} - {None})
         before[id(model)] = [p.detach().clone() for p in model.parameters()]
         fn()
         assert any(not torch.equal(a, b) for a, b in zip(before[id(model)], model.parameters()))  # it trained
@@ -144,6 +152,7 @@ def test_model_part_trains_each_model_a_step_and_writes_its_kernels(tmp_path, mo
     assert list(df.attention) == ["softmax", "linear"] and (df.ms_per_step == 31.0).all()
     assert (df.busy_ms_per_step == 2.0).all() and (df.kernels_per_step == 42.0).all() and (df.n == 19).all()
     assert list(kernels.attention) == ["softmax", "softmax", "linear", "linear"] and len(before) == 2
+    assert dropouts == [{0.1}, set()]  # softmax's layers drop 10 % of their weights; linear has none
 
 
 def test_host_paths_call_each_layer_of_the_launch_path():

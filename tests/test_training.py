@@ -426,3 +426,15 @@ def test_csv_metrics_carry_on_across_a_resume(compose_cfg, tmp_path):
     pd.testing.assert_series_equal(train_rows(rest)["train/loss"].reset_index(drop=True),
                                    train_rows(whole)["train/loss"].reset_index(drop=True))
     assert rest.step.tolist() == whole.step.tolist()  # the first run's final row is not carried on
+
+
+def test_step_timing_carries_a_checkpoints_times_only_when_no_step_was_trained():
+    """The final row's step times: this process's (warm-up steps left out); a resume that trained
+    nothing reports its checkpoint's; one that trained steps but timed none (stopped before its
+    first sync point) reports none rather than the earlier process's as its own."""
+    from repro.training.parts import WARMUP_STEPS, step_timing
+    before = {"time_per_step_ms": 9.0, "time_per_step_mean_ms": 9.5, "cpu_time_per_step_ms": 8.0}
+    own = step_timing([1.0] * WARMUP_STEPS + [0.002, 0.004, 0.003], [0.001] * (WARMUP_STEPS + 3), 6, before)
+    assert own == pytest.approx({"time_per_step_ms": 3.0, "time_per_step_mean_ms": 3.0, "cpu_time_per_step_ms": 1.0})
+    assert step_timing([], [], 0, before) == before
+    assert set(step_timing([], [], 2, before).values()) == {None}

@@ -72,7 +72,11 @@ def ptxas_usage(name: str, arch: str) -> dict:
     try:
         for expr in SOURCES[name]:
             nvrtc.addNameExpression(prog, expr)
-        nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "--ptxas-options=-v", *OPTIONS])
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "--ptxas-options=-v", *OPTIONS])
+        except nvrtc.NVRTCError as err:
+            raise RuntimeError(f"NVRTC could not compile {name} for {arch}: {err}\n"
+                               f"{nvrtc.getProgramLog(prog)}") from None
         log, lowered = nvrtc.getProgramLog(prog), {nvrtc.getLoweredName(prog, e): e for e in SOURCES[name]}
     finally:
         nvrtc.destroyProgram(prog)

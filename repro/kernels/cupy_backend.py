@@ -1,5 +1,6 @@
 """The CuPy backend: raw CUDA kernels behind torch ops. causal_dot.cu (chunked causal product,
-fp32 FMA, every dtype), causal_dot_tc.cu (its bf16 twin on tensor cores), recurrent_step.cu.
+fp32 FMA, every dtype), causal_dot_tc.cu (its bf16 twin on tensor cores), causal_dot_tc_staged.cu
+(that twin pipelined, behind STAGED), recurrent_step.cu.
 
     causal_dot_product(q, k, v)                  the dispatcher's op: sum_{j<=i} (q_i . k_j) v_j
     causal_linear_attention(q, k, v, eps)        the same with the normaliser fused:

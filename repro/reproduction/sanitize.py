@@ -47,14 +47,20 @@ def main() -> int:
     # VEC_LOADS: 16-byte loads; STAGED: the pipelined kernel; D = 64 and M = 40 so they all
     # apply): the tools see any access out of bounds, and racecheck the staged kernel's barriers
     q64, k64, v64 = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (64, 64, m))
+    # STAGED again at D = 32 (zero-filled key columns) and M = 72 (a second, partial value tile)
+    q32, k32, v72 = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (32, 32, 72))
     was = cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS, cupy_backend.STAGED
     try:
-        for bare_vec, staged in ((True, False), (False, True)):
+        for bare_vec, staged, inputs in ((True, False, (q64, k64, v64)), (False, True, (q64, k64, v64)),
+                                         (False, True, (q32, k32, v72))):
             cupy_backend.BARE_SMEM = cupy_backend.VEC_LOADS = bare_vec
             cupy_backend.STAGED = staged
+            launched = cupy_backend.CALLS["staged"]
             for rev in (False, True):
-                _check(failures, f"cdp bf16 tensor_cores=True BARE_SMEM=VEC_LOADS={bare_vec} STAGED={staged}", 1e-2,
-                       q64, k64, v64, rev, True)
+                _check(failures, f"cdp bf16 tensor_cores=True BARE_SMEM=VEC_LOADS={bare_vec} STAGED={staged} "
+                       f"D={inputs[0].shape[-1]} M={inputs[2].shape[-1]}", 1e-2, *inputs, rev, True)
+            if staged and cupy_backend.CALLS["staged"] - launched != 2:  # the tools must see the staged kernels
+                failures.append(("STAGED did not launch the staged kernels", None, None))
     finally:
         cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS, cupy_backend.STAGED = was
     S, Z = torch.zeros(bh, d, m, device="cuda"), torch.zeros(bh, d, device="cuda")

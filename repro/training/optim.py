@@ -3,44 +3,13 @@
 steps once per update (milestones count gradient steps), except ReduceLROnPlateau, which the
 loop steps with the evaluation loss.
 
-RAdam here is torch's RAdam with the authors' gradient clipping inside the step: each
-parameter's gradient is clipped to norm max_grad_norm on its own (their radam.py calls
-clip_grad_norm_ on every parameter before its update), not one global norm over the model. With
-weight_decay and decoupled_weight_decay=True the decay is theirs too (p <- p - lr * wd * p before
-the update). The paper_* presets use it with the trainer's global clip off (trainer.grad_clip: null)."""
-import torch
+RAdam here is the authors' (repro.training.radam: each parameter's gradient clipped on its own
+inside the step); the paper_* presets use it with the trainer's global clip off (trainer.grad_clip: null)."""
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from repro.cli.config import ConfigError
-
-
-class RAdam(torch.optim.RAdam):
-    """torch.optim.RAdam that first clips every parameter's gradient to norm max_grad_norm
-    separately (null: no clipping)."""
-
-    def __init__(self, params, lr=1e-3, max_grad_norm: float | None = None, **kwargs):
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(f"RAdam: max_grad_norm must be positive or null; got {max_grad_norm}")
-        super().__init__(params, lr=lr, **kwargs)
-        self.defaults["max_grad_norm"] = max_grad_norm  # for groups added later
-        for group in self.param_groups:
-            group.setdefault("max_grad_norm", max_grad_norm)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            if group["max_grad_norm"] is None:
-                continue
-            for p in group["params"]:
-                if p.grad is not None:
-                    torch.nn.utils.clip_grad_norm_(p, group["max_grad_norm"])  # this parameter alone
-        super().step()
-        return loss
+from repro.training.radam import RAdam  # noqa: F401  (the presets' _target_: repro.training.optim.RAdam)
 
 
 def _build(node, what, *args):

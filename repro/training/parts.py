@@ -119,14 +119,16 @@ def run_hook(hook, model, step, device) -> dict:
         return hook(model, step) or {}
 
 
-def step_timing(step_times, cpu_times, before: dict) -> dict:
+def step_timing(step_times, cpu_times, trained: int, before: dict) -> dict:
     """The final row's step times in ms (the median and mean wall time, the median CPU time of all
     the process's threads, which other processes' load barely moves), WARMUP_STEPS left out, from
-    this process's steps; where it took none (a resume of a finished or timed-out run), `before`:
-    those its checkpoint kept from the process that wrote it, so a resume does not lose them."""
+    this process's steps; where it trained none (a resume of a finished or timed-out run), `before`:
+    those its checkpoint kept from the process that wrote it, so a resume does not lose them. (A
+    process that trained steps but timed none, stopped before its first sync point, has none.)"""
     timed, cpu = step_times[WARMUP_STEPS:] or step_times, cpu_times[WARMUP_STEPS:] or cpu_times
     if not timed:
-        return {"time_per_step_ms": None, "time_per_step_mean_ms": None, "cpu_time_per_step_ms": None, **before}
+        return {"time_per_step_ms": None, "time_per_step_mean_ms": None, "cpu_time_per_step_ms": None,
+                **({} if trained else before)}
     return {"time_per_step_ms": 1e3 * statistics.median(timed), "time_per_step_mean_ms": 1e3 * mean(timed),
             "cpu_time_per_step_ms": 1e3 * statistics.median(cpu) if cpu else None}
 

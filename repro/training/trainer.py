@@ -348,7 +348,7 @@ class Trainer:
                 "window": {k: [float(v) for v in vs] for k, vs in self.window.items()},  # (host floats already)
                 "last_eval": self.last_eval,
                 "elapsed_s": self.elapsed(),  # a resume's clock starts here, so elapsed_s runs on across processes
-                "timing": step_timing(self.step_times, self.cpu_times, self.timing_before),
+                "timing": step_timing(self.step_times, self.cpu_times, self.step - self.first_step, self.timing_before),
                 **({"rng_ranks": rngs, "world_size": self.world} if self.distributed else {}),
                 "fingerprint": self.fingerprint,
                 "logger_run_id": getattr(getattr(self.logger, "run", None), "id", None),
@@ -390,7 +390,7 @@ class Trainer:
             "status": self.status, "steps": self.step, "steps_this_process": self.step - self.first_step,
             "train_loss": self.last_train_loss,
             **{f"eval_{k}": v for k, v in self.last_eval.items()},
-            **step_timing(self.step_times, self.cpu_times, self.timing_before),
+            **step_timing(self.step_times, self.cpu_times, self.step - self.first_step, self.timing_before),
             "train_time_s": time.perf_counter() - self.began,
             "n_params": sum(p.numel() for p in self.model.parameters()),
             "loadavg_1min_start": self.load_start, "loadavg_1min_end": os.getloadavg()[0],
