@@ -135,22 +135,14 @@ def mma_k16(acc, x, px, yt, py, r0, c0, k0):
     times Y[k0..+16, c0 + 8 nt..), each lane loading its fragment pairs from the flat arrays x
     (X row-major, pitch px) and yt (Y transposed, pitch py) at the kernel's addresses, and the
     m16n8k16 fragment layout (PTX ISA) deciding which matrix element each register holds."""
-    a = np.zeros((16, 16))
-    b = np.zeros((4, 16, 8))
-    for lane in range(32):
-        g, t = divmod(lane, 4)
-        for reg, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
-            base = (r0 + (g + 8 if reg % 2 else g)) * px + k0 + 2 * t + (8 if reg >= 2 else 0)  # kernel's a[reg]
-            a[row, col:col + 2] = x[base:base + 2]
-        for nt in range(4):
-            y = (c0 + 8 * nt + g) * py + k0 + 2 * t  # kernel's b pointer
-            b[nt, 2 * t:2 * t + 2, g] = yt[y:y + 2]
-            b[nt, 2 * t + 8:2 * t + 10, g] = yt[y + 8:y + 10]
+    a = frag_a_rows(x, px, r0, k0)
     for nt in range(4):
-        d = a @ b[nt]  # (16, 8): what the tensor core computes
+        b = np.zeros((32, 2, 2))
         for lane in range(32):
             g, t = divmod(lane, 4)
-            acc[lane, nt] += (d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
+            y = (c0 + 8 * nt + g) * py + k0 + 2 * t  # kernel's b pointer
+            b[lane] = yt[y:y + 2], yt[y + 8:y + 10]
+        _mma(acc[:, nt], a, b)
 
 
 def block_product(x, px, yt, py, kdim):
@@ -209,7 +201,7 @@ def ldmatrix_x4_trans(flat, addr):
 
 
 def frag_a_rows(x, px, r0, k0):
-    """The kernel's frag_a_rows: X[r0.., k0..] from X row-major (ld_pair at mma_k16's addresses)."""
+    """The kernels' frag_a_rows: X[r0.., k0..] from X row-major (ld_pair), as mma_k16 takes it."""
     a = np.zeros((32, 4, 2))
     for lane in range(32):
         g, t = divmod(lane, 4)

@@ -41,6 +41,15 @@ template <> struct Mma<bf16_t> {
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 };
+// The A fragment of X[r0.., k0..k0+16) for X stored row-major (pitch px).
+__device__ __forceinline__ void frag_a_rows(unsigned (&a)[4], const u16* X, int px, int r0, int k0) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    a[0] = ld_pair(X + (r0 + g) * px + k0 + 2 * t);
+    a[1] = ld_pair(X + (r0 + g + 8) * px + k0 + 2 * t);
+    a[2] = ld_pair(X + (r0 + g) * px + k0 + 2 * t + 8);
+    a[3] = ld_pair(X + (r0 + g + 8) * px + k0 + 2 * t + 8);
+}
+
 // acc[nt] (rows r0.., columns c0 + 8 nt..) += X[r0.., k0..k0+16) Y[k0..k0+16, c0 + 8 nt..)
 // with X stored row-major (pitch px) and Y stored transposed, Yt[col][k] (pitch py).
 template <typename T>
@@ -48,10 +57,7 @@ __device__ __forceinline__ void mma_k16(float (&acc)[4][4], const u16* X, int px
                                         int r0, int c0, int k0) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     unsigned a[4];
-    a[0] = ld_pair(X + (r0 + g) * px + k0 + 2 * t);
-    a[1] = ld_pair(X + (r0 + g + 8) * px + k0 + 2 * t);
-    a[2] = ld_pair(X + (r0 + g) * px + k0 + 2 * t + 8);
-    a[3] = ld_pair(X + (r0 + g + 8) * px + k0 + 2 * t + 8);
+    frag_a_rows(a, X, px, r0, k0);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
         const u16* y = Yt + (c0 + 8 * nt + g) * py + k0 + 2 * t;

@@ -10,7 +10,7 @@
 //    32 (w / 4)..: the tile it updates), stored only as the bf16 S^T operand of Q S.
 // Two barriers a chunk where cdp_chunks_tc has five. Every product sums the same terms in the same
 // order as cdp_chunks_tc, so the outputs are bit for bit its outputs (tests/test_cupy_kernels.py).
-// causal_dot_tc.cu (its tile sizes, Mma, ld_pair, mma_k16) precedes this file (cuda_build.py).
+// causal_dot_tc.cu (its tile sizes, Mma, ld_pair, frag_a_rows, mma_k16) precedes this file (cuda_build.py).
 // The chunk kernel's smem bytes: 2 (8 CHUNK TC_P) = 73,728, so 3 blocks fit an H100 SM (227 KB
 // usable) where cdp_chunks_tc's 83,456 fit 2; so do its registers (TCS_MIN_BLOCKS).
 
@@ -42,15 +42,6 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const u16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_u32(p)));
-}
-
-// The A fragment of X[r0.., k0..k0+16) for X stored row-major (pitch px), as mma_k16 loads it.
-__device__ __forceinline__ void frag_a_rows(unsigned (&a)[4], const u16* X, int px, int r0, int k0) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    a[0] = ld_pair(X + (r0 + g) * px + k0 + 2 * t);
-    a[1] = ld_pair(X + (r0 + g + 8) * px + k0 + 2 * t);
-    a[2] = ld_pair(X + (r0 + g) * px + k0 + 2 * t + 8);
-    a[3] = ld_pair(X + (r0 + g + 8) * px + k0 + 2 * t + 8);
 }
 
 // The A fragment of X^T[r0.., k0..k0+16) for X stored [k][r] (pitch TC_P): a0..a3 are the
