@@ -44,9 +44,9 @@ def source(name: str) -> str:
         f'#line 1 "{part}"\n' + (HERE / part).read_text() for part in (*REQUIRES.get(name, ()), name))
 
 
-def nvrtc_check(name: str, arch: str) -> dict:
-    """Compile `name` for `arch` (e.g. "sm_90") with NVRTC; {instance: lowered name}.
-    Raises RuntimeError with the compiler log on failure."""
+def _nvrtc_compile(name: str, arch: str, *options) -> tuple[str, dict]:
+    """(the compiler's log, {instance: lowered name}) of `name` compiled for `arch` with NVRTC.
+    Raises RuntimeError with the log on failure."""
     from cupy_backends.cuda.libs import nvrtc
 
     prog = nvrtc.createProgram(source(name), name, [], [])
@@ -54,36 +54,30 @@ def nvrtc_check(name: str, arch: str) -> dict:
         for expr in SOURCES[name]:
             nvrtc.addNameExpression(prog, expr)
         try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *OPTIONS])
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *options, *OPTIONS])
         except nvrtc.NVRTCError as err:
             raise RuntimeError(f"NVRTC could not compile {name} for {arch}: {err}\n"
                                f"{nvrtc.getProgramLog(prog)}") from None
-        return {expr: nvrtc.getLoweredName(prog, expr) for expr in SOURCES[name]}
+        return nvrtc.getProgramLog(prog), {expr: nvrtc.getLoweredName(prog, expr) for expr in SOURCES[name]}
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def nvrtc_check(name: str, arch: str) -> dict:
+    """Compile `name` for `arch` (e.g. "sm_90") with NVRTC; {instance: lowered name}.
+    Raises RuntimeError with the compiler log on failure."""
+    return _nvrtc_compile(name, arch)[1]
 
 
 def ptxas_usage(name: str, arch: str) -> dict:
     """{instance: (registers per thread, spill bytes)} of `name` compiled for `arch` by NVRTC's
     ptxas, which says how many blocks of a kernel fit an SM before any GPU runs it."""
-    from cupy_backends.cuda.libs import nvrtc
-
-    prog = nvrtc.createProgram(source(name), name, [], [])
-    try:
-        for expr in SOURCES[name]:
-            nvrtc.addNameExpression(prog, expr)
-        try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "--ptxas-options=-v", *OPTIONS])
-        except nvrtc.NVRTCError as err:
-            raise RuntimeError(f"NVRTC could not compile {name} for {arch}: {err}\n"
-                               f"{nvrtc.getProgramLog(prog)}") from None
-        log, lowered = nvrtc.getProgramLog(prog), {nvrtc.getLoweredName(prog, e): e for e in SOURCES[name]}
-    finally:
-        nvrtc.destroyProgram(prog)
+    log, lowered = _nvrtc_compile(name, arch, "--ptxas-options=-v")
+    instance = {low: expr for expr, low in lowered.items()}
     usage = {}  # ptxas names each entry, then its spills, then its registers
     for entry, spills, regs in re.findall(r"entry function '(\w+)'.*?(\d+) bytes spill stores.*?Used (\d+) registers",
                                           log, re.S):
-        usage[lowered.get(entry, entry)] = (int(regs), int(spills))
+        usage[instance.get(entry, entry)] = (int(regs), int(spills))
     return usage
 
 
