@@ -59,6 +59,11 @@ def kernel_shares(events, calls: int) -> list[dict]:
              "share": total / whole} for name, total, count in sorted(kernels, key=lambda x: -x[1])]
 
 
+def busy_and_launches(kernels) -> tuple[float, float]:
+    """(ms the device's kernels are busy, kernels launched) per call, from profile_pass's rows."""
+    return sum(r["us_per_call"] for r in kernels) / 1000, sum(r["launches_per_call"] for r in kernels)
+
+
 def profile_pass(fn, calls: int):
     """Device time of `calls` calls of fn by kernel (after two warm calls: compiles, caches)."""
     from torch.profiler import ProfilerActivity, profile
@@ -266,10 +271,10 @@ def layer_part(args, base, out_dir, cupy_backend, device):
             with forcing(kernel) if kernel else contextlib.nullcontext():
                 ms = event_ms(fn)
                 kernels = profile_pass(fn, 5)
+            busy, launches = busy_and_launches(kernels)
             rows.append({**base, "task": "kernels.layer", "attention": name, "kernel": kernel or "dispatcher",
                          "pass": "fwd_bwd", "dtype": dtype_name, "batch": 10, "heads": 8, "n": 784, "d_model": 256,
-                         "ms": ms, "busy_ms": sum(r["us_per_call"] for r in kernels) / 1000,
-                         "kernels_per_call": sum(r["launches_per_call"] for r in kernels),
+                         "ms": ms, "busy_ms": busy, "kernels_per_call": launches,
                          "top_kernel": kernels[0]["kernel"][:100] if kernels else ""})
             print(f"layer {name:8s} ({kernel or 'dispatcher'}) {dtype_name}: {ms:7.3f} ms, "
                   f"{rows[-1]['kernels_per_call']:.0f} kernels per forward + backward", flush=True)
@@ -284,7 +289,7 @@ BATCH, VALUES = 10, 784
 
 
 def model_part(args, base, out_dir, cupy_backend, device):
-    """model.csv: one training step (forward, backward, clipped Adam step) of the MNIST model, softmax
+    """model.csv: one training step (forward, backward, the authors' RAdam step) of the MNIST model, softmax
     against linear: wall ms per step (CUDA events), the ms its kernels are busy and how many it
     launches; model_kernels.csv: each attention's 25 busiest kernels. A step whose wall time is
     far above its busy time waits on the host's launches, not on the GPU's work."""
@@ -306,10 +311,10 @@ def model_part(args, base, out_dir, cupy_backend, device):
             opt.zero_grad(set_to_none=True)
 
         ms, kernels = event_ms(step, repeats=5, calls=2), profile_pass(step, 3)
+        busy, launches = busy_and_launches(kernels)
         rows.append({**base, "task": "kernels.model", "attention": name, "dtype": "fp32", "batch": BATCH,
                      "n": VALUES - 1, **MODEL, "ms_per_step": ms,
-                     "busy_ms_per_step": sum(r["us_per_call"] for r in kernels) / 1000,
-                     "kernels_per_step": sum(r["launches_per_call"] for r in kernels)})
+                     "busy_ms_per_step": busy, "kernels_per_step": launches})
         kernel_rows += [{**base, "task": "kernels.model", "attention": name, **r} for r in kernels[:25]]
         print(f"model {name:8s}: {ms:7.2f} ms per step, kernels busy {rows[-1]['busy_ms_per_step']:.2f} ms, "
               f"{rows[-1]['kernels_per_step']:.0f} kernels", flush=True)
