@@ -9,8 +9,10 @@ import pandas as pd
 import pytest
 
 from repro.common.results import REPO
+from repro.reproduction import verdicts
 from repro.reproduction.report import SchemaError, build
 from repro.reproduction.report.build import sections
+from repro.reproduction.verdicts import Seeds
 
 CPU = "AMD EPYC (2 cores, 1 threads)"
 TITLE = "## Beyond the paper: linear attention's successors"
@@ -68,30 +70,32 @@ def _mean_sd(values):
 
 
 def test_the_judged_question_where_linear_runs_out_and_where_it_matches_softmax(tmp_path):
-    lengths = {32: {"softmax": [0.010, 0.012, 0.011], "linear": [0.012, 0.011, 0.013],  # a tie: matches
-                    "retention": [0.02, 0.03, 0.025], "gla": [0.01, 0.012, 0.011], "delta": [0.011, 0.01, 0.012]},
-               64: {"softmax": [0.01, 0.011, 0.012], "linear": [0.30, 0.32, 0.31],  # runs out
-                    "retention": [0.50, 0.52, 0.49, float("nan")], "gla": [0.10, 0.11, 0.09],
-                    "delta": [0.31, 0.28, 0.32]}}
+    lengths = {32: {"softmax": [0.010, 0.012, 0.011, 0.010, 0.012], "linear": [0.012, 0.011, 0.013, 0.012, 0.011],
+                    "retention": [0.02, 0.03, 0.025, 0.02, 0.03], "gla": [0.01, 0.012, 0.011, 0.01, 0.012],
+                    "delta": [0.011, 0.01, 0.012, 0.011, 0.01]},  # linear and softmax: a tie (matches)
+               64: {"softmax": [0.01, 0.011, 0.012, 0.01, 0.011], "linear": [0.30, 0.32, 0.31, 0.30, 0.32],  # runs out
+                    "retention": [0.50, 0.52, 0.49, 0.51, 0.50, float("nan")], "gla": [0.10, 0.11, 0.09, 0.10, 0.11],
+                    "delta": [0.31, 0.28, 0.32, 0.30, 0.33]}}
     _write_rows(tmp_path / LENGTHS, [r for n, losses in lengths.items() for r in _copy_rows(n, losses)])
     (tmp_path / LENGTHS / "command.txt").write_text("python run.py -m experiment=copy_lengths_successors_cpu\n")
-    _write_rows(tmp_path / N128, _copy_rows(128, {"linear": [0.30, 0.36, 0.35], "gla": [0.05, 0.06, 0.04],
-                                                  "retention": [0.4, 0.41, 0.39], "delta": [0.2, 0.21, 0.19]}))
-    _write_rows(tmp_path / FIG2, _with_evals(_copy_rows(128, {"softmax": [0.004, 0.005, 0.0045],
-                                                             "lsh-4": [0.05, 0.06, 0.05]})))
+    _write_rows(tmp_path / N128, _copy_rows(128, {"linear": [0.30, 0.36, 0.35, 0.33, 0.34],
+                                                  "gla": [0.05, 0.06, 0.04, 0.05, 0.06],
+                                                  "retention": [0.4, 0.41, 0.39, 0.4, 0.41],
+                                                  "delta": [0.2, 0.21, 0.19, 0.2, 0.21]}))
+    _write_rows(tmp_path / FIG2, _with_evals(_copy_rows(128, {"softmax": [0.004, 0.005, 0.0045, 0.004, 0.005],
+                                                             "lsh-4": [0.05, 0.06, 0.05, 0.05, 0.06]})))
     md = build(tmp_path, tmp_path / "R.md")
 
     assert "runs out: above softmax (gap" in _cells(md, COPY, 64, "linear")[JUDGED]
     judged = {a: _cells(md, COPY, 64, a)[JUDGED]
               for a in ("retention", "gla", "delta")}
-    gap = statistics.fmean([0.30, 0.32, 0.31]) - statistics.fmean([0.10, 0.11, 0.09])
-    spread = (statistics.stdev([0.30, 0.32, 0.31]) ** 2 + statistics.stdev([0.10, 0.11, 0.09]) ** 2) ** 0.5
-    assert judged["gla"] == f"yes (gap {gap:.3g} > spread {spread:.3g})"
+    gap = verdicts.welch(Seeds((0.30, 0.32, 0.31, 0.30, 0.32)), Seeds((0.10, 0.11, 0.09, 0.10, 0.11)))
+    assert judged["gla"] == f"yes ({gap.text()})"
     assert judged["delta"].startswith("a tie: undecided at this scale (gap")
-    assert judged["retention"].startswith("no: worse than linear (the other way round by")
-    mean, sd = _mean_sd([0.50, 0.52, 0.49])  # the failed seed is left out of the mean
-    assert _cells(md, COPY, 64, "retention")["held-out loss, mean ± sd"] == f"{mean:#.3g} ± {sd:#.3g} (3 seeds)"
-    assert "Failed, left out: N = 64, retention seed 3: error: non-finite loss." in _section(md)
+    assert judged["retention"].startswith("no: worse than linear (the other way round: gap")
+    mean, sd = _mean_sd([0.50, 0.52, 0.49, 0.51, 0.50])  # the failed seed is left out of the mean
+    assert _cells(md, COPY, 64, "retention")["held-out loss, mean ± sd"] == f"{mean:#.3g} ± {sd:#.3g} (5 seeds)"
+    assert "Failed, left out: N = 64, retention seed 5: error: non-finite loss." in _section(md)
     # where linear matches softmax, the question is not asked
     assert "matches softmax (gap" in _cells(md, COPY, 32, "linear")[JUDGED]
     for att in ("retention", "gla", "delta"):
@@ -103,8 +107,9 @@ def test_the_judged_question_where_linear_runs_out_and_where_it_matches_softmax(
     assert _cells(md, COPY, 128, "gla")[JUDGED].startswith("yes")
     assert "lsh-4" not in _part(md, COPY)
     row = _cells(md, COPY, 64, "gla")
-    assert row["updates"] == "4,000" and row["symbols right"] == f"{100 * (1 - 0.1 / 3):.1f} %"
-    assert row["ms/step"] == "101"  # mean over the seeds; load 1.5 on 2 cores: not marked
+    right = 100 * (1 - statistics.fmean(lengths[64]["gla"]) / 3)
+    assert row["updates"] == "4,000" and row["symbols right"] == f"{right:.1f} %"
+    assert row["ms/step"] == "102"  # mean over the seeds (100 + seed); load 1.5 on 2 cores: not marked
     assert "experiment=copy_lengths_successors_cpu" in _part(md, COPY)
     assert "copies of 8-16 symbols at N = 32, 16-32 symbols at N = 64, 32-62 symbols at N = 128" in _part(md, COPY)
 
@@ -124,9 +129,10 @@ def test_no_ceiling_from_another_schedule_and_fewer_seeds_are_a_measurement(tmp_
            "experiment=copy_lengths_successors_cpu" in md
     _write_rows(tmp_path / N128, _copy_rows(128, {"softmax": [0.01, 0.02], "linear": [0.3, 0.31], "gla": [0.1, 0.12]}))
     md = build(tmp_path, tmp_path / "R.md")
-    assert _cells(md, COPY, 128, "linear")[JUDGED] == \
-        "measured, not judged (2 seed(s); judged from 3)"
-    assert "measured, not judged (2 seed(s); judged from 3)" in _cells(md, COPY, 128, "gla")[JUDGED]
+    assert _cells(md, COPY, 128, "linear")[JUDGED].startswith(
+        "measured, not judged (2 seed(s) a side; judged from 5; gap 0.29, 95 % CI [")
+    assert "measured, not judged (2 seed(s) a side; judged from 5; gap 0.195, 95 % CI [" in \
+        _cells(md, COPY, 128, "gla")[JUDGED]
 
 
 def test_a_copy_row_without_its_loss_is_one_error_naming_the_file_and_line(tmp_path):

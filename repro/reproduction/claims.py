@@ -1,7 +1,8 @@
 """Does the suite reproduce the paper's claims? One markdown table, claim by claim, rendered from
 the committed CPU-sized runs (results/...): what the paper says, what the runs here measured, and
-a verdict. The learning claims (copy, MNIST) are judged over 3 seeds of one declared run each by
-the rules of repro.reproduction.verdicts (reproduced / contradicted / undecided at this scale);
+a verdict. The learning claims (copy, MNIST) are judged over the seeds of one declared run each
+(at least verdicts.MIN_SEEDS a side, finals unsmoothed) by the interval rules of
+repro.reproduction.verdicts (reproduced / contradicted / undecided at this scale);
 the speed claims are single measurements against the paper's ratios.
 
     python -m repro.reproduction.claims            # print the section (README "Does it reproduce the paper's claims?")
@@ -31,6 +32,7 @@ from repro.reproduction.verdicts import (
     below,
     reaches,
     slopes,
+    still_falling,
 )
 
 NOT_REPRODUCED, NOT_TESTABLE = "not reproduced", "not testable here"  # the single-run speed claims
@@ -46,7 +48,6 @@ PAPER_MNIST_IMAGES_PER_S = {a: paper.IMAGES_PER_S["mnist"][a] for a in ("statefu
 PAPER_MNIST_GPU_S_BATCH1 = {a: paper.SECONDS_PER_IMAGE["mnist"][a][1] for a in ("stateful-softmax", "linear")}
 
 COPY_LOSS_TOL = 0.01   # nats per copied symbol: closer than this counts as "the same loss" (both ~100 % accurate)
-SMOOTH_EVALS = 3       # held-out bits/dim: the mean of the last this many evaluations
 SPEEDUP_FACTOR = 1.5   # a speed-up within this factor of the paper's (or above it) counts as reproduced
 GROWTH_MARGIN = 1.25   # "the lead grows with the batch": at the largest batch at least this times batch 1's
 
@@ -125,17 +126,10 @@ def _seeds(final: pd.DataFrame, column: str) -> dict[str, Seeds]:
     return {a: Seeds(tuple(float(v) for v in g.sort_values("seed")[column])) for a, g in final.groupby("attention")}
 
 
-def _seed_curves(evals: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Held-out curves averaged over seeds: step x attention -> mean of `column`."""
-    if evals.empty or column not in evals:  # a run that never evaluated mid-way: no curve (not a KeyError)
-        return pd.DataFrame(dtype=float)
-    return evals.pivot_table(index="step", columns="attention", values=column, aggfunc="mean").sort_index()
-
-
-def _slope(curve: pd.Series) -> float:
-    """Per-step slope of a curve's last half (at least 3 points): where it is heading at the end."""
-    tail = curve.dropna().iloc[-max(3, len(curve) // 2):]
-    return float(np.polyfit(tail.index, tail.values, 1)[0]) if len(tail) >= 3 else 0.0
+def _held_out_digits(rows: pd.DataFrame) -> str:
+    """", on N held-out digits" when the rows record how many each evaluation read (n_eval)."""
+    n = rows[rows.kind == "eval"].get("n_eval", pd.Series(dtype=float)).dropna()
+    return f" on {int(n.min()):,} held-out digits" if len(n) else ""
 
 
 def copy_claims(results: Path) -> list[Claim]:
@@ -151,7 +145,6 @@ def copy_claims(results: Path) -> list[Claim]:
         return _not_judged([(c1, p1), (c2, "curves only")], folder, lost)
     final = _seeds(rows[rows.kind == "final"], "eval_loss")
     evals = rows[rows.kind == "eval"]
-    curves = _seed_curves(evals, "loss")
     first = rows.iloc[0]
     setup = (f"N = {first.max_len}, copies of {first.min_copy}-{first.max_copy} symbols, {first.n_layers} layers, "
              f"d_model {first.d_model}, {int(rows[rows.kind == 'final'].steps.max()):,} updates (a smaller model "
@@ -164,22 +157,20 @@ def copy_claims(results: Path) -> list[Claim]:
     if not {"softmax", "linear"} <= set(final):
         return [Claim(c1, p1, f"`{folder}` lacks softmax or linear", f"{NOT_TESTABLE}: not run"),
                 _missing(c2, "curves only", folder)]
-    # still falling: over the last quarter of the run, linear's seed-mean loss fell by more than
-    # the spread of its seeds
-    none = pd.Series(dtype=float)  # an attention without a curve (no eval rows)
-    lin = curves.get("linear", none).dropna()
-    quarter = lin[lin.index <= 0.75 * lin.index.max()]
-    drop = float(quarter.iloc[-1] - lin.iloc[-1]) if len(quarter) else 0.0
-    verdict, why = reaches(final["linear"], final["softmax"], COPY_LOSS_TOL, still_falling=drop > final["linear"].sd)
-    fell = f"linear fell {drop:.2g} over the last quarter" if len(quarter) else "no held-out curve (no eval rows)"
+    # still falling: judged seed by seed from each one's own last evaluations
+    lin = evals[evals.attention == "linear"]
+    per_seed = [(g.step, g.loss) for _, g in lin.sort_values("step").groupby("seed")] if len(lin) else []
+    falling = still_falling(per_seed) if per_seed and min(len(s) for s, _ in per_seed) >= 3 else None
+    if falling is None:  # no held-out curve (no eval rows): nothing says it stopped
+        verdict, why = MEASURED, "no held-out curve to tell whether linear still falls"
+    else:
+        verdict, why = reaches(final["linear"], final["softmax"], COPY_LOSS_TOL, falling)
     here = (f"held-out loss (nats/symbol) after training, {setup}: {fmt('softmax')}; {fmt('linear')} "
-            f"({fell}) (`{folder}`)")
+            f"({falling.text if falling else 'no held-out curve'}) (`{folder}`)")
     out = [Claim(c1, p1, here, f"{verdict}: {why}")]
     if "lsh-4" in final:
         worse = max(("softmax", "linear"), key=lambda a: final[a].mean)
-        # how fast lsh-4's excess over the worse of the two grows per step at the end
-        rate = _slope(curves.get("lsh-4", none)) - _slope(curves.get(worse, none))
-        verdict, why = below(final[worse], final["lsh-4"], rate=rate)
+        verdict, why = below(final[worse], final["lsh-4"])
         out.append(Claim(c2, "curves only", f"{fmt('lsh-4')}, against {worse}, the higher of the two (`{folder}`)",
                          f"{verdict}: {why}"))
     else:
@@ -187,10 +178,10 @@ def copy_claims(results: Path) -> list[Claim]:
     return out
 
 
-def _order_verdict(seeds: dict[str, Seeds], order: list[str], rates: dict[str, float]) -> tuple[str, str]:
+def _order_verdict(seeds: dict[str, Seeds], order: list[str]) -> tuple[str, str]:
     """The paper's order (best first) over seeds: reproduced when every neighbour pair is ordered
-    by more than its spread, contradicted when any pair is inverted by more, else undecided."""
-    judged = [(a, b, *below(seeds[a], seeds[b], rate=rates[b] - rates[a])) for a, b in zip(order, order[1:])]
+    beyond its interval, contradicted when any pair is inverted beyond it, else undecided."""
+    judged = [(a, b, *below(seeds[a], seeds[b])) for a, b in zip(order, order[1:])]
     verdicts = [v for *_, v, _ in judged]
     overall = (REPRODUCED if all(v == REPRODUCED for v in verdicts) else
                CONTRADICTED if CONTRADICTED in verdicts else UNDECIDED if UNDECIDED in verdicts else verdicts[0])
@@ -216,19 +207,15 @@ def mnist_claims(results: Path) -> list[Claim]:
     if missing:
         return [Claim(c, p, f"`{folder}` lacks {', '.join(missing)}", f"{NOT_TESTABLE}: not run")
                 for c, p in ((c1, p1), (c2, p2))]
-    # each seed's curve smoothed (the mean of its last SMOOTH_EVALS evaluations: one seed wobbles
-    # between evaluations), its last value the seed's result
+    # each seed's last evaluation, unsmoothed (verdicts.py: finals are never smoothed)
     evals = evals.sort_values("step")
-    evals["smooth"] = evals.groupby(["attention", "seed"]).bits_per_dim.transform(
-        lambda v: v.rolling(SMOOTH_EVALS, min_periods=1).mean())
     last = evals.groupby(["attention", "seed"]).tail(1)
-    seeds = _seeds(last, "smooth")
-    curves = _seed_curves(evals, "smooth")
-    rates = {a: _slope(curves[a]) for a in order}
+    seeds = _seeds(last, "bits_per_dim")
     steps = int(evals.step.max())
-    verdict, why = _order_verdict(seeds, order, rates)
-    here1 = (f"held-out bits/dim after {steps} steps (each seed: the mean of its last {SMOOTH_EVALS} "
-             "evaluations): " + ", ".join(f"{a} {seeds[a].text('{:.3f}')}" for a in order) + f" (`{folder}`)")
+    verdict, why = _order_verdict(seeds, order)
+    digits = _held_out_digits(rows)
+    here1 = (f"held-out bits/dim after {steps} steps (each seed's last evaluation{digits}): "
+             + ", ".join(f"{a} {seeds[a].text('{:.3f}')}" for a in order) + f" (`{folder}`)")
     out = [Claim(c1, p1, here1, f"{verdict}: {why}")]
     # equal time: the budget is the fastest attention's whole run in CPU time (process time: what
     # a dedicated core would take); each attention read off each seed's smoothed curve at the
@@ -237,10 +224,9 @@ def mnist_claims(results: Path) -> list[Claim]:
     ms = final.groupby("attention").cpu_time_per_step_ms.median()
     budget_s = min(steps * ms[a] for a in order) / 1e3
     done = {a: budget_s * 1e3 / ms[a] for a in order}
-    at_time = {a: Seeds(tuple(float(np.interp(done[a], g.step, g.smooth)) for _, g in evals[evals.attention == a]
-                              .groupby("seed"))) for a in ("linear", "softmax")}
-    verdict, why = below(at_time["linear"], at_time["softmax"],
-                         rate=_slope(curves["softmax"]) - _slope(curves["linear"]))
+    at_time = {a: Seeds(tuple(float(np.interp(done[a], g.step, g.bits_per_dim))
+                              for _, g in evals[evals.attention == a].groupby("seed"))) for a in ("linear", "softmax")}
+    verdict, why = below(at_time["linear"], at_time["softmax"])
     here2 = (f"{budget_s:.0f} s of CPU time each (CPU ms/step: " + ", ".join(f"{a} {ms[a]:.0f}" for a in order)
              + f"): linear {at_time['linear'].text('{:.3f}')} ({done['linear']:.0f} steps), softmax "
              + f"{at_time['softmax'].text('{:.3f}')} ({done['softmax']:.0f} steps) (`{folder}`)")

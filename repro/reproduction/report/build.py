@@ -57,9 +57,10 @@ def claims(ctx) -> str:
 
     return ("## Does it reproduce the paper's claims?\n\nEach claim a CPU can speak to, put to one declared "
             "CPU-sized run (the `*_claims_cpu` presets in `conf/experiment/`; each folder's README holds its "
-            "command, git SHA and machine load). The learning claims are judged over 3 seeds (mean ± sd; a gap "
-            "inside the spread is a tie): reproduced, contradicted, or undecided at this scale; a single run is "
-            "shown as a measurement. Rules: `repro/reproduction/verdicts.py`, their use: "
+            "command, git SHA and machine load). The learning claims are judged over at least 5 seeds a side, each "
+            "seed's final value unsmoothed, from Welch's 95 % interval of the gap: reproduced or contradicted "
+            "only where the interval excludes 0 on that side, else undecided at this scale with the smallest "
+            "gap the runs could have detected; fewer seeds are shown as a measurement with their interval. Rules: `repro/reproduction/verdicts.py`, their use: "
             "`repro/reproduction/claims.py`.\n\n" + claims_module.section(ctx.root).rstrip())
 
 

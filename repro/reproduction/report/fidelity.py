@@ -101,7 +101,8 @@ def fidelity(ctx) -> str:
            "The same CPU-sized settings given to this suite (`run.py`) and to the authors' own scripts "
            "(idiap/linear-transformer-experiments on their fast-transformers library), run alternately on one "
            "machine by `python -m repro.reproduction.fidelity` (docs/fidelity.md). Each side: mean ± sd (runs); "
-           "a gap inside the spread of one run of each side is a tie, \"matches the authors' script\" "
+           "where Welch's 95 % interval of the gap includes 0 they match (\"matches the authors' script\", with "
+           "the smallest gap the runs could have detected) "
            "(`repro/reproduction/verdicts.py`). Settings that could not be matched exactly: each folder's README."]
     for folder, df in found:
         where = folder.relative_to(ctx.root)
