@@ -282,20 +282,26 @@ def test_mnist_ties_inside_the_seeds_spread_are_undecided(tmp_path):
 # ----------------------------------------------------------------------------- the presets
 
 def test_claims_presets(compose_cfg):
-    """The runs' presets build what their results READMEs say: the copy sweep over exactly
-    softmax, linear and LSH-4 (at N = 32's buckets and chunks) x 3 seeds, the paper's speech
-    encoder at ~800 frames, and generation with the two recurrent methods only."""
+    """The runs' presets build what their results READMEs say: the copy sweeps over exactly
+    softmax, linear and LSH-4 (at N = 32 16 buckets and chunks of 8, x 3 seeds; at N = 128 the
+    paper's 64 and 32, x 5 seeds), the paper's speech encoder at ~800 frames, and generation with
+    the two recurrent methods only."""
     from hydra import compose, initialize_config_dir
 
     from repro.cli.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         sweep = compose(config_name="config", overrides=["experiment=copy_claims_cpu"], return_hydra_config=True)
+        n128 = compose(config_name="config", overrides=["experiment=copy_claims_n128_cpu"], return_hydra_config=True)
     # its own sweep only (inheriting copy_figure2_cpu's `attention` sweep multiplied the jobs by 2)
-    assert dict(sweep.hydra.sweeper.params) == {"copy_attention": "softmax,linear,lsh-4", "seed": "0,1,2"}
-    lsh = compose_cfg("experiment=copy_claims_cpu", "copy_attention=lsh-4")
+    assert dict(sweep.hydra.sweeper.params) == {"copy_attention": "softmax,linear,lsh-4-n32", "seed": "0,1,2"}
+    assert dict(n128.hydra.sweeper.params) == {"copy_attention": "softmax,linear,lsh-4", "seed": "0,1,2,3,4"}
+    lsh = compose_cfg("experiment=copy_claims_cpu", "copy_attention=lsh-4-n32")
     assert (lsh.attention.n_hashes, lsh.attention.n_buckets, lsh.attention.chunk_size) == (4, 16, 8)
     assert (lsh.task.max_len, lsh.trainer.max_steps, list(lsh.trainer.scheduler.milestones)) == (32, 4000, [2800])
+    lsh = compose_cfg("experiment=copy_claims_n128_cpu", "copy_attention=lsh-4")
+    assert (lsh.attention.n_hashes, lsh.attention.n_buckets, lsh.attention.chunk_size) == (4, 64, 32)
+    assert (lsh.task.max_len, lsh.trainer.max_steps, list(lsh.trainer.scheduler.milestones)) == (128, 4000, [2800])
     linear = compose_cfg("experiment=copy_claims_cpu", "copy_attention=linear")
     assert linear.attention._target_.endswith("LinearAttention")
 
