@@ -29,6 +29,7 @@ from repro.cli.config import ConfigError, in_multirun  # noqa: E402
 from repro.cli.logging import tee_to_job_log  # noqa: E402
 from repro.cli.preflight import HYDRA_FLAGS, is_multirun, preflight  # noqa: E402
 from repro.cli.validate import validate  # noqa: E402
+from repro.kernels.backend import forced_backend  # noqa: E402
 from repro.training import distributed  # noqa: E402
 
 
@@ -53,6 +54,7 @@ if __name__ == "__main__":
     # command.txt of a published folder; in the environment, so a launcher's worker processes see it
     os.environ[COMMAND_ENV] = run_command(sys.argv[1:], distributed.env_world_size())
     try:
+        forced_backend()  # a bad REPRO_KERNEL now, not from a benchmark's every point or a first forward
         # Under torchrun rank 0 fixes the run dir for all ranks (below); each rank must not pick its own.
         single_process = distributed.env_world_size() <= 1
         sys.argv[1:] = preflight(sys.argv[1:], pin_sweep_dir=single_process)

@@ -9,6 +9,7 @@ from repro.kernels import (
     causal_dot_product_chunked,
     causal_dot_product_loop,
     causal_dot_product_naive,
+    cpu_build,
     cpu_native,
 )
 
@@ -182,7 +183,7 @@ def test_the_build_is_cached_and_atomic(monkeypatch, tmp_path):
     built = list(tmp_path.glob("causal_dot_cpu-*.so"))
     assert len(built) == 1 and list(tmp_path.iterdir()) == built  # no temporary left behind
     monkeypatch.setattr(cpu_native, "_LIB", [])
-    monkeypatch.setattr(cpu_native.subprocess, "run", lambda *a, **k: pytest.fail("compiled again"))
+    monkeypatch.setattr(cpu_build.subprocess, "run", lambda *a, **k: pytest.fail("compiled again"))
     assert cpu_native.library() is not None
 
 

@@ -25,7 +25,7 @@ Its successors, with the same conventions (chunked PyTorch paths, any device; do
 import torch
 
 from repro.kernels import cpu_native
-from repro.kernels.backend import BACKENDS, forced_backend
+from repro.kernels.backend import BACKENDS, BackendUnavailable, forced_backend
 from repro.kernels.chunked import (
     causal_dot_product_chunked,
     causal_dot_product_chunked_backward,
@@ -110,14 +110,14 @@ def select_backend(q, k, v):
         return "torch", "forced by REPRO_KERNEL=torch"
     if forced == "cpu":
         if q.device.type != "cpu":
-            raise RuntimeError(f"REPRO_KERNEL=cpu, but the inputs are on {q.device}; the fused CPU kernel takes CPU "
-                               f"tensors (unset REPRO_KERNEL, or set it to cupy or torch)")
+            raise BackendUnavailable(f"REPRO_KERNEL=cpu, but the inputs are on {q.device}; the fused CPU kernel takes "
+                                     f"CPU tensors (unset REPRO_KERNEL, or set it to cupy or torch)")
         cpu_native.wanted()  # raises, naming why, when it cannot be built
         return "cpu", "forced by REPRO_KERNEL=cpu"
     reason = _cupy_unavailable("unsupported_reason", q, k, v)
     if forced == "cupy":
         if reason:
-            raise RuntimeError(f"REPRO_KERNEL=cupy, but {reason}")
+            raise BackendUnavailable(f"REPRO_KERNEL=cupy, but {reason}")
         return "cupy", "forced by REPRO_KERNEL=cupy"
     if reason is None:
         return "cupy", "CUDA tensors and the CuPy kernels can take them"

@@ -5,24 +5,19 @@ call, so the chunked path's host threads run groups of rows on it in parallel. T
 holds the linear layer's fused attention (linear_layer_cpu.c; repro.kernels.cpu_layer).
 
 The shared library is compiled by the C compiler on the PATH (cc, or $CC) with -O3 -march=native
-into $REPRO_CACHE_DIR (default ~/.cache/repro/kernels), named by a hash of the sources, the flags,
-the compiler and this CPU's model and flags (-march=native code must not meet another CPU), written
-atomically (parallel test workers may build it at once). No compiler, or a failed build (a
+on first use, through repro.kernels.cpu_build's cache (keyed by the sources, flags, compiler and
+CPU; a cached file is checked before it is loaded, and rebuilt when it is cut short, for another
+machine, lacks an entry point or could be someone else's). No compiler, or a failed build (a
 compiler without GCC's vector extensions, which GCC and Clang have): unavailable(), with the
 reason, and the chunked path runs its plain PyTorch pieces instead.
 """
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from repro.kernels.backend import forced_backend
+from repro.kernels import cpu_build
+from repro.kernels.backend import BackendUnavailable, forced_backend
 from repro.kernels.threads import _may_use_threads, _run_groups
 
 # One shared library: the causal product (causal_dot_cpu.c), the linear layer's fused attention
@@ -36,49 +31,16 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-fno-
 # forward (its (C, C) blocks do more masked work), 16 loses 20-30 % backward.
 CHUNK = 32
 
+# The entry points the library must hold (checked in the file before it is loaded).
+SYMBOLS = ("causal_dot_forward", "causal_dot_backward", "linear_elu_forward", "linear_elu_backward")
+
 _LIB: list = []  # [ctypes library or None, why not]
 
 
-def _cpu_model() -> str:
-    """This CPU's model name and feature flags (what -march=native compiles for)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    keep = [next((ln for ln in lines if ln.startswith(key)), "") for key in ("model name", "flags")]
-    return "\n".join(keep) or platform.machine()
-
-
 def _build() -> tuple:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None, "no C compiler on the PATH (cc, gcc or $CC)"
-    src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + _cpu_model().encode() + cc.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("REPRO_CACHE_DIR") or Path.home() / ".cache" / "repro" / "kernels")
-    lib = cache / f"causal_dot_cpu-{key}.so"
-    if not lib.is_file():
-        tmp = None
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=cache)
-            os.close(fd)
-            res = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
-                                 timeout=120)
-            if res.returncode:
-                last = (res.stderr.strip().splitlines() or ["?"])[-1]
-                return None, f"{Path(cc).name} failed on {', '.join(f.name for f in SOURCES)}: {last}"
-            os.replace(tmp, lib)  # atomic: a concurrent builder's identical file may land first
-            tmp = None
-        except (OSError, subprocess.SubprocessError) as err:
-            return None, f"building {SOURCES[0].stem} with {cc} failed: {type(err).__name__}: {err}"
-        finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-    try:
-        dll = ctypes.CDLL(str(lib))
-    except OSError as err:
-        return None, f"loading {lib} failed: {err}"
+    dll, why = cpu_build.load("causal_dot_cpu", SOURCES, HEADERS, FLAGS, SYMBOLS)
+    if dll is None:
+        return None, why
     ptr, i, l = ctypes.c_void_p, ctypes.c_int, ctypes.c_long  # noqa: E741
     dll.causal_dot_forward.argtypes = [l, i, i, i, i, ptr, ptr, ptr, ptr, ptr]
     dll.causal_dot_backward.argtypes = [l, i, i, i, i, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
@@ -114,7 +76,7 @@ def wanted() -> bool:
     kernel: one error naming why it cannot be built."""
     forced = forced_backend()
     if forced == "cpu" and library() is None:
-        raise RuntimeError(f"REPRO_KERNEL=cpu, but the fused CPU kernel is unavailable: {unavailable()}")
+        raise BackendUnavailable(f"REPRO_KERNEL=cpu, but the fused CPU kernel is unavailable: {unavailable()}")
     return forced != "torch"
 
 
