@@ -238,7 +238,7 @@ def test_section_from_results(tmp_path):
 
     text = claims.section(tmp_path)
     lines = text.strip().splitlines()
-    assert lines[0] == "| Claim | Paper | Here (CPU-sized runs) | Verdict |"
+    assert lines[0] == "| Claim | Paper | Here (CPU-sized runs; the GPU rows: one H100 run each) | Verdict |"
     assert len(lines) == 2 + len(rows) and all(line.count(" | ") == 3 for line in lines[2:])
     assert f"| **{REPRODUCED}: " in lines[2] and lines[2].startswith("| Figure 1:")
 
@@ -392,3 +392,33 @@ def test_copy_rows_without_eval_rows_are_judged_from_the_final_rows(tmp_path):
     _, copy_linear, copy_lsh, *_ = claims.claims(tmp_path)
     assert "no held-out curve" in copy_linear.here and copy_linear.verdict.startswith(MEASURED)
     assert not copy_linear.verdict.startswith(NOT_TESTABLE) and not copy_lsh.verdict.startswith(NOT_TESTABLE)
+
+
+def test_gpu_rows_are_measurements_marked_where_extrapolated_and_set_beside_the_cpu(tmp_path):
+    """The H100 rows: batch-1 seconds per image for linear, the cache and re-running the prefix, the
+    large batch's images/s lead, and the MNIST step; an extrapolated value carries *, and a batch-1
+    GPU result that disagrees with the CPU run's says so."""
+    _write(tmp_path)  # the CPU run: linear 5 / 4 = 1.25x faster than the cache at batch 1
+    gen = tmp_path / claims.GPU_FOLDER / "generation"
+    gen.mkdir(parents=True)
+    rows = [("mnist", "linear", 1, 3.0, False), ("mnist", "stateful-softmax", 1, 1.5, False),
+            ("mnist", "softmax", 1, 2.0, False), ("mnist", "linear", 256, 0.01, False),
+            ("mnist", "stateful-softmax", 256, 0.02, True), ("cifar", "linear", 1, 20.0, True),
+            ("cifar", "stateful-softmax", 1, 10.0, False)]
+    pd.DataFrame([{"size": s, "method": m, "batch": b, "seconds_per_image": v, "images_per_s": b / (b * v),
+                   "extrapolated": x, "status": "ok"} for s, m, b, v, x in rows]).to_csv(gen / "throughput.csv",
+                                                                                       index=False)
+    mnist = tmp_path / claims.GPU_FOLDER / "mnist"
+    mnist.mkdir(parents=True)
+    pd.DataFrame([{"attention": "linear", "steps": 800, "time_per_step_ms": 72.0, "status": "stopped: time limit"},
+                  {"attention": "softmax", "steps": 1800, "time_per_step_ms": 31.0, "status": "stopped: time limit"}]
+                 ).to_csv(mnist / "bpd_final.csv", index=False)
+    batch1, big, step = claims.gpu_claims(tmp_path)
+    assert "mnist s/image: linear 3, the cache 1.5, re-running the prefix 2" in batch1.here
+    assert "cifar s/image: linear 20*, the cache 10, re-running the prefix not run" in batch1.here
+    assert batch1.verdict == (f"{MEASURED} (one run): linear slower than the cache on mnist, cifar; differs from "
+                              "the CPU run, where linear is 1.25x faster at batch 1")
+    assert "batch 256" in big.here and "linear 100, the cache 50*, 2.00x" in big.here
+    assert big.verdict == f"{MEASURED} (one run)"
+    assert "linear 72 ms per step, softmax 31 ms per step" in step.here and "2.32x" in step.verdict
+    assert [c.verdict for c in claims.gpu_claims(tmp_path / "none")] == [f"{NOT_TESTABLE}: not run"] * 3

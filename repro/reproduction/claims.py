@@ -338,6 +338,89 @@ def batch_claim(results: Path) -> Claim:
     return Claim(claim, paper, here, f"{MEASURED} (an observation of one run): {verdict}")
 
 
+GPU_FOLDER = "gpu/NVIDIA_H100_80GB_HBM3"  # the H100 runs (python -m repro.reproduce_gpu)
+GPU_MNIST = Table("bpd_final.csv", {"attention": str, "status": str}, {"steps": float, "time_per_step_ms": float})
+GPU_GENERATION = Table("throughput.csv", {"size": str, "method": str, "batch": float, "seconds_per_image": float,
+                                          "images_per_s": float, "extrapolated": str, "status": str})
+GPU_METHODS = {"linear": "linear", "stateful-softmax": "the key/value cache", "softmax": "re-running the prefix"}
+
+
+def gpu_claims(results: Path) -> list[Claim]:
+    """The H100 runs beside the CPU verdicts, as measurements (one run each): generation at batch 1
+    and at the largest batch against the key/value cache and re-running the prefix, and one MNIST
+    training step at the paper's model. A value marked * is extrapolated from part of an image."""
+    folder, out = GPU_FOLDER, []
+    g, ips = PAPER_MNIST_GPU_S_BATCH1, PAPER_MNIST_IMAGES_PER_S
+    c1 = "On a GPU at the paper's sizes: linear generates faster than the key/value cache at batch 1 (Table 5)"
+    p1 = (f"MNIST {g['linear']} s against {g['stateful-softmax']} s per image; CIFAR-10 "
+          f"{paper.SECONDS_PER_IMAGE['cifar10']['linear'][1]} s against "
+          f"{paper.SECONDS_PER_IMAGE['cifar10']['stateful-softmax'][1]} s (one GPU)")
+    c2 = "On a GPU at a large batch: linear's lead over the key/value cache (Tables 1/4, images/s)"
+    p2 = f"MNIST {ips['linear'] / ips['stateful-softmax']:.0f}x (batch not stated)"
+    path = results / folder / "generation" / "throughput.csv"
+    if path.exists():
+        t = read_table(path, results, GPU_GENERATION)
+        t = t[t.status == "ok"].set_index(["size", "method", "batch"])
+
+        def value(size, method, batch, col="seconds_per_image"):
+            r = t.loc[(size, method, batch)]
+            star = "*" if str(r.extrapolated).lower() == "true" else ""
+            return r[col], f"{r[col]:.3g}{star}"
+
+        big = int(max(b for *_, b in t.index))
+        sizes = [s for s in ("mnist", "cifar") if (s, "linear", 1) in t.index and (s, "stateful-softmax", 1) in t.index]
+        shown1, slower = [], []
+        for size in sizes:
+            (lin, lin_txt), (kv, kv_txt) = value(size, "linear", 1), value(size, "stateful-softmax", 1)
+            prefix = value(size, "softmax", 1)[1] if (size, "softmax", 1) in t.index else "not run"
+            shown1.append(f"{size} s/image: linear {lin_txt}, the cache {kv_txt}, re-running the prefix {prefix}")
+            slower += [size] if lin > kv else []
+        cpu = _cpu_batch1_lead(results)
+        differs = f"; differs from the CPU run, where linear is {cpu:.2f}x faster at batch 1" if slower and cpu else ""
+        out.append(Claim(c1, p1, "H100, batch 1, fp32: " + "; ".join(shown1) + f" (* extrapolated) (`{folder}`)",
+                         f"{MEASURED} (one run): linear "
+                         + (f"slower than the cache on {', '.join(slower)}" if slower else "faster than the cache")
+                         + differs))
+        shown2 = []
+        for size in sizes:
+            if (size, "linear", big) in t.index and (size, "stateful-softmax", big) in t.index:
+                (lin, lin_txt), (kv, kv_txt) = (value(size, m, big, "images_per_s")
+                                                for m in ("linear", "stateful-softmax"))
+                shown2.append(f"{size} images/s: linear {lin_txt}, the cache {kv_txt}, {lin / kv:.2f}x")
+        out.append(Claim(c2, p2, f"H100, batch {big}, fp32: " + "; ".join(shown2) + f" (* extrapolated) (`{folder}`)",
+                         f"{MEASURED} (one run)"))
+    else:
+        out += [_missing(c1, p1, folder), _missing(c2, p2, folder)]
+    c3 = "Not the paper's: one training step of the paper's MNIST model (8 layers, d_model 256, batch 10, fp32)"
+    path = results / folder / "mnist" / "bpd_final.csv"
+    if path.exists():
+        t = read_table(path, results, GPU_MNIST).set_index("attention")
+        ms = {a: t.loc[a, "time_per_step_ms"] for a in ("linear", "softmax")
+              if a in t.index and "time_per_step_ms" in t and pd.notna(t.loc[a, "time_per_step_ms"])}
+        here = ("H100: " + (", ".join(f"{a} {v:.0f} ms per step" for a, v in ms.items()) or "no step times")
+                + f" (`{folder}/mnist`)")
+        verdict = f"{MEASURED} (one run)" + (f": linear {ms['linear'] / ms['softmax']:.2f}x softmax's time"
+                                             if len(ms) == 2 else "")
+        out.append(Claim(c3, "not stated", here, verdict))
+    else:
+        out.append(_missing(c3, "not stated", folder))
+    return out
+
+
+def _cpu_batch1_lead(results: Path) -> float | None:
+    """How many times faster than the cache linear generates at batch 1 in the CPU claim run
+    (batch_claim's folder, CPU time), or None."""
+    path = results / "throughput/batch64_cpu/throughput.csv"
+    if not path.exists():
+        return None
+    t = read_table(path, results, BATCH_TABLE)
+    t = t[(t.status == "ok") & (t.batch == 1)].set_index("method")
+    col = "cpu_seconds_per_image" if "cpu_seconds_per_image" in t else "seconds_per_image"
+    if not {"linear", "stateful-softmax"} <= set(t.index):
+        return None
+    return float(t.loc["stateful-softmax", col] / t.loc["linear", col])
+
+
 def untestable() -> list[Claim]:
     return [Claim("Tables 1/2: the absolute bits/dim (MNIST 0.62-0.75, CIFAR-10 3.39-3.51)",
                   "250 epochs (MNIST), 7 GPU-days per model (CIFAR-10)",
@@ -363,14 +446,15 @@ def claims(results_dir: Path) -> list[Claim]:
     results_dir = Path(results_dir)
     return [figure1_claim(results_dir),
             *_unjudged(copy_claims, results_dir, COPY_CLAIMS), *_unjudged(mnist_claims, results_dir, MNIST_CLAIMS),
-            asr_claim(results_dir), batch_claim(results_dir), *untestable()]
+            asr_claim(results_dir), batch_claim(results_dir), *gpu_claims(results_dir), *untestable()]
 
 
 def section(results_dir: Path) -> str:
     """The claims table in markdown (for the report and the README)."""
     rows = claims(results_dir)
     cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = ["| Claim | Paper | Here (CPU-sized runs) | Verdict |", "|---|---|---|---|"]
+    lines = ["| Claim | Paper | Here (CPU-sized runs; the GPU rows: one H100 run each) | Verdict |",
+             "|---|---|---|---|"]
     lines += [f"| {cell(r.claim)} | {cell(r.paper)} | {cell(r.here)} | **{cell(r.verdict)}** |" for r in rows]
     return "\n".join(lines) + "\n"
 
