@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 import sys
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from repro.common.results import REPO, read_jsonl
 from repro.reproduction import fidelity as drv
+from repro.reproduction.report import fidelity as fidelity_section
 from repro.reproduction.report.build import build
 from repro.reproduction.report.schema import SchemaError
 from repro.reproduction.verdicts import HIGHER, LOWER, MATCHES, MEASURED, Seeds, matches
@@ -49,8 +51,8 @@ def evaluate(model, dataloader, device):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    for a in ("--attention_type", "--n_layers", "--n_heads", "--d_query", "--dropout", "--lr", "--weight_decay",
-              "--batch_size",
+    for a in ("--attention_type", "--n_layers", "--n_heads", "--d_query", "--dropout", "--attention_dropout", "--lr",
+              "--weight_decay", "--batch_size",
               "--sequence_length", "--epochs", "--reduce_lr_at"):
         ap.add_argument(a, required=True)
     args = ap.parse_args(argv)
@@ -90,21 +92,23 @@ def test_matches_has_three_outcomes_and_needs_three_runs(ours, theirs, verdict):
 # ----------------------------------------------------------------------------- commands and parsing
 
 def test_both_commands_carry_the_matched_settings(tmp_path):
-    ours = drv.ours_command(drv.COPY, "linear", "embedding dropout 0", 2, 800, tmp_path / "r", None)
+    model = drv.Model()
+    ours = drv.ours_command(drv.COPY, model, "linear", "embedding dropout 0", 2, tmp_path / "r", None)
     for o in ("task=copy", "experiment=paper_authors", "model.n_layers=2", "model.d_model=64", "model.n_heads=2",
-              "model.d_ff=256", "model.dropout=0.1", "model.embedding_dropout=0", "task.batch_size=32",
-              "task.max_len=32", "trainer.max_steps=800", "trainer.optimizer.lr=0.003",
+              "model.d_ff=256", "model.dropout=0.1", "authors.attention_dropout=0.1", "model.embedding_dropout=0",
+              "task.batch_size=32", "task.max_len=32", "trainer.max_steps=800", "trainer.optimizer.lr=0.003",
               "trainer.scheduler.milestones=[600]", "trainer.eval_batches=20", "seed=2"):
         assert o in ours, o
-    theirs = drv.authors_command(drv.COPY, tmp_path, "py", "softmax", 2, 800, None)
+    theirs = drv.authors_command(drv.COPY, model, tmp_path, "py", "softmax", 2, None)
     args = dict(zip(theirs[theirs.index("--") + 1::2], theirs[theirs.index("--") + 2::2]))
     assert args == {"--attention_type": "full", "--n_layers": "2", "--n_heads": "2", "--d_query": "32",
-                    "--dropout": "0.1", "--lr": "0.003", "--weight_decay": "0.01", "--batch_size": "32",
-                    "--sequence_length": "32", "--epochs": "8", "--reduce_lr_at": "6"}
+                    "--dropout": "0.1", "--attention_dropout": "0.1", "--lr": "0.003", "--weight_decay": "0.01",
+                    "--batch_size": "32", "--sequence_length": "32", "--epochs": "8", "--reduce_lr_at": "6"}
     # --epochs 8 --reduce_lr_at 6: lr / 10 after 600 of 800 updates, at their 100 updates an epoch
-    mnist = drv.authors_command(drv.MNIST, tmp_path, "py", "linear", 0, 300, tmp_path / "data")
+    assert drv.not_matched(drv.COPY, model) == []  # the committed runs' settings: all matched
+    mnist = drv.authors_command(drv.MNIST, model, tmp_path, "py", "linear", 0, tmp_path / "data")
     assert mnist[mnist.index("--iterations") + 1] == "300" and "--dataset_directory" in mnist
-    ours_mnist = drv.ours_command(drv.MNIST, "linear", "embedding dropout 0", 0, 300, tmp_path, tmp_path / "data")
+    ours_mnist = drv.ours_command(drv.MNIST, model, "linear", "embedding dropout 0", 0, tmp_path, tmp_path / "data")
     assert "trainer.eval_batches=50" in ours_mnist and "task.source=torchvision" in ours_mnist  # all 500 test digits
 
 
@@ -112,13 +116,13 @@ def test_their_output_parsed_as_they_print_it():
     out = ("authors: versions {\"torch\": \"2.14.1\"}\nLoss: 2.3 accuracy: 0.1 time: 0.01\n"
            "Testing => Loss: 0.5 Accuracy: 0.8\nCopy only => Loss: 0.4 Accuracy: 0.85\n"
            "Testing => Loss: 0.25 Accuracy: 0.9\nCopy only => Loss: 0.125 Accuracy: 0.95\n")
-    r = drv.authors_result(out, drv.COPY, 200)
+    r = drv.authors_result(out, replace(drv.COPY, steps=200))
     assert (r["metric"], r["their_scoring"], r["curve"]) == (0.125, 0.25, [(100, 0.4), (200, 0.125)])
     assert r["versions"] == {"torch": "2.14.1"}
-    img = drv.authors_result("Testing => Loss: 1.1 bpd: 1.6\nTesting => Loss: 1.0 bpd: 1.5\n", drv.MNIST, 300)
+    img = drv.authors_result("Testing => Loss: 1.1 bpd: 1.6\nTesting => Loss: 1.0 bpd: 1.5\n", drv.MNIST)
     assert (img["metric"], img["curve"]) == (1.5, [(100, 1.6), (200, 1.5)])
     with pytest.raises(ValueError, match="no held-out line"):
-        drv.authors_result("Traceback ...", drv.MNIST, 300)
+        drv.authors_result("Traceback ...", drv.MNIST)
 
 
 def test_the_mnist_files_are_our_split_as_torchvision_reads_them(tmp_path):
@@ -134,16 +138,40 @@ def test_the_mnist_files_are_our_split_as_torchvision_reads_them(tmp_path):
         assert torch.equal(tv.data, expected[:, 0]) and len(tv) == (4500 if train else 500)
 
 
-def test_bad_driver_input_is_one_line(authors, tmp_path):
+@pytest.mark.parametrize("extra, says", [
+    (["--attention", "lsh"], "--attention lsh: valid: linear, softmax"),
+    (["--steps", "150"], "--steps 150: must be >= 1, a multiple of 100"),
+    (["--variants", "none"], "--variants none: valid: embedding dropout 0,"),
+    (["--runs", "0"], "--runs 0: must be >= 1"),
+    (["--copy-n", "4"], r"--copy-n 4: must be >= 5 \(a sequence holds a copy of N // 4"),
+    (["--n-heads", "3", "--d-query", "5"], "--n-heads 3 --d-query 5: d_model = 15, must be a multiple of 4"),
+    (["--n-heads", "0"], "--n-heads 0: must be >= 1"),
+    (["--n-layers", "0"], "--n-layers 0: must be >= 1"),
+    (["--d-ff", "0"], "--d-ff 0: must be >= 1"),
+    (["--batch-size", "-2"], "--batch-size -2: must be >= 1"),
+    (["--dropout", "1"], r"--dropout 1.0: must be in \[0, 1\)"),
+    (["--attention-dropout", "-0.1"], r"--attention-dropout -0.1: must be in \[0, 1\)"),
+    (["--lr", "0"], "--lr 0.0: must be > 0"),
+    (["--lr", "nan"], "--lr nan: must be > 0"),
+    (["--lr-drop", "250"], "--lr-drop 250: must be a positive multiple of 100"),
+    (["--lr-drop", "0"], "--lr-drop 0: must be a positive multiple of 100"),
+])
+def test_bad_driver_input_is_one_line(authors, tmp_path, extra, says):
     base = ["--task", "copy", "--authors", str(authors), "--authors-python", sys.executable, "--out", str(tmp_path)]
-    for extra, says in ((["--attention", "lsh"], "--attention lsh: valid: linear, softmax"),
-                        (["--steps", "150"], "--steps 150: must be >= 1, a multiple of 100"),
-                        (["--variants", "none"], "--variants none: valid: embedding dropout 0,"),
-                        (["--runs", "0"], "--runs 0: must be >= 1")):
+    with pytest.raises(SystemExit, match=says) as e:
+        drv.main(base + extra)
+    assert str(e.value).startswith("error: ") and "\n" not in str(e.value)
+    assert not (tmp_path / "command.txt").exists() and not (tmp_path / "README.md").exists()  # nothing written
+
+
+def test_bad_mnist_input_is_one_line(authors):
+    base = ["--task", "mnist", "--authors", str(authors), "--authors-python", sys.executable, "--out", "x"]
+    for extra, says in ((["--copy-n", "128"], "--copy-n 128: for --task copy only"),
+                        (["--lr-drop", "100"], "--lr-drop 100: for --task copy only"),
+                        (["--batch-size", "32"], "--batch-size 32: must divide the 500 test digits"),
+                        ([], "no image-generation/main.py there")):
         with pytest.raises(SystemExit, match=says):
             drv.main(base + extra)
-    with pytest.raises(SystemExit, match="no image-generation/main.py there"):
-        drv.main(["--task", "mnist", "--authors", str(authors), "--authors-python", sys.executable, "--out", "x"])
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -184,6 +212,88 @@ def test_driver_end_to_end_interleaves_resumes_and_writes_atomically(authors, tm
     assert (out / drv.PLOT).read_bytes()[:4] == b"\x89PNG"
     commands = (out / "command.txt").read_text().splitlines()  # the same command twice: recorded once
     assert len(commands) == 1 and commands[0].startswith("python -m repro.reproduction.fidelity --task copy")
+
+
+def test_settings_reach_both_sides_the_rows_and_the_readme(authors, tmp_path):
+    """Odd sizes on every option: their flags (the fake's argv), our composed config (Hydra's own
+    record of it), the rows and the README carry them; ours' FF differs from their 4 x d_model."""
+    from omegaconf import OmegaConf
+
+    out, work = tmp_path / "results" / "fidelity" / "copy_n20", tmp_path / "work"
+    argv = ["--task", "copy", "--authors", str(authors), "--authors-python", sys.executable, "--out", str(out),
+            "--work", str(work), "--variants", "embedding dropout 0", "--runs", "1", "--copy-n", "20",
+            "--n-layers", "1", "--n-heads", "4", "--d-query", "3", "--d-ff", "20", "--dropout", "0",
+            "--attention-dropout", "0.05", "--batch-size", "5", "--lr", "2e-3", "--steps", "200", "--lr-drop", "100"]
+    rows = drv.main(argv)
+    assert [(r["side"], r["status"]) for r in rows] == [("authors", "ok"), ("ours", "ok")]
+    (log,) = [json.loads(line) for line in (tmp_path / "fake_log.jsonl").read_text().splitlines()]
+    theirs = dict(zip(log["argv"][::2], log["argv"][1::2]))
+    assert {k: theirs[k] for k in ("--sequence_length", "--n_layers", "--n_heads", "--d_query", "--dropout",
+                                   "--attention_dropout", "--batch_size", "--lr", "--epochs", "--reduce_lr_at")} == {
+        "--sequence_length": "20", "--n_layers": "1", "--n_heads": "4", "--d_query": "3", "--dropout": "0.0",
+        "--attention_dropout": "0.05", "--batch_size": "5", "--lr": "0.002", "--epochs": "2", "--reduce_lr_at": "1"}
+    cfg = OmegaConf.load(work / "linear-ours-embedding_dropout_0-0" / ".hydra" / "config.yaml")
+    m = cfg.model
+    assert (cfg.task.max_len, m.n_layers, m.n_heads, m.d_model, m.d_ff) == (20, 1, 4, 12, 20)
+    assert (cfg.model.dropout, cfg.authors.attention_dropout, cfg.task.batch_size, cfg.trainer.optimizer.lr,
+            list(cfg.trainer.scheduler.milestones), cfg.trainer.max_steps) == (0.0, 0.05, 5, 0.002, [100], 200)
+    ours_row, their_row = rows[1], rows[0]
+    same = {"copy_n": 20, "n_layers": 1, "n_heads": 4, "d_query": 3, "d_model": 12, "dropout": 0.0,
+            "attention_dropout": 0.05, "batch_size": 5, "lr": 0.002, "lr_drop": 100, "steps": 200}
+    for r, ff in ((ours_row, 20), (their_row, 48)):
+        assert {k: r[k] for k in same} == same and r["d_ff"] == ff and r["updates"] == 200
+        assert r["not_matched"] == ("feed-forward width: ours 20, the authors' script 48 (their script builds "
+                                    "4 x d_model and has no option for it)")
+    table = pd.read_csv(out / drv.TABLE)
+    assert list(table.d_ff) == [48, 20] and table.not_matched.str.startswith("feed-forward width").all()
+    readme = (out / "README.md").read_text()
+    assert readme.startswith("# The copy task at N = 20") and "N = 20 (copies of 5..8 symbols from 1..10)" in readme
+    assert "feed-forward 20 (ours) and 48 (theirs)" in readme and "lr / 10 after 100 of 200 updates" in readme
+    assert "Not matched exactly:\n- feed-forward width: ours 20, the authors' script 48" in readme
+    assert "`--epochs 2 --reduce_lr_at 1`" in readme and "OMP_NUM_THREADS=1 python -m repro" in readme
+    assert "Scoring. Their loss also scores the target at position n - 1" in readme
+    report_table = fidelity_section.TABLES[0]  # the report reads the table with its new columns
+    assert report_table.matches(out / drv.TABLE, table)
+    report_table.check(out / drv.TABLE, table, tmp_path)
+    # the folder holds one setting: a call at another N is refused before it writes anything
+    before = (out / "command.txt").read_text()
+    with pytest.raises(SystemExit, match=r"error: --out .*copy_n20: holds runs at other settings \(copy_n 20 there, "
+                                         r"24 now\)"):
+        drv.main([a if a != "20" or argv[i - 1] != "--copy-n" else "24" for i, a in enumerate(argv)])
+    assert (out / "command.txt").read_text() == before
+
+
+def test_rows_from_before_the_settings_were_recorded_are_the_defaults(tmp_path):
+    """The committed rows carry no settings: they were run at the defaults, steps as given then."""
+    old = [{"task": "copy", "attention": "linear", "side": s, "variant": "script", "seed": 0, "status": "ok"}
+           for s in drv.SIDES]
+    drv.check_same_settings(old, drv.COPY, drv.Model(), tmp_path)
+    drv.check_same_settings(old, replace(drv.COPY, steps=4000), drv.Model(), tmp_path)
+    for task, model, says in ((replace(drv.COPY, n=128), drv.Model(), "copy_n 32 there, 128 now"),
+                              (drv.COPY, drv.Model(n_heads=4, d_query=16), "n_heads 2 there, 4 now"),
+                              (drv.COPY, drv.Model(d_ff=128), "d_ff 256 there, 128 now"),
+                              (drv.MNIST, drv.Model(), "task copy there, mnist now")):
+        with pytest.raises(drv.ConfigError, match=says):
+            drv.check_same_settings(old, task, model, tmp_path)
+
+
+def test_readme_block_is_rewritten_and_text_outside_it_kept(tmp_path):
+    n128 = replace(drv.COPY, n=128, steps=4000, lr_drop=2800)
+    model = drv.Model(n_heads=4, d_query=16, d_ff=128, dropout=0.0)
+    assert drv.write_readme(tmp_path, drv.COPY, drv.Model(), ["python -m x --first"])
+    first = (tmp_path / "README.md").read_text()
+    assert "Not matched exactly:\n- Scoring." in first and "feed-forward width" not in first  # all settings matched
+    assert "feed-forward 256, dropout 0.1" in first and "lr / 10 after 600 of 800 updates" in first
+    (tmp_path / "README.md").write_text("# Mine\n\nBefore.\n\n" + first.split("\n\n", 1)[1] + "\nFound: x.\n")
+    assert drv.write_readme(tmp_path, n128, model, ["python -m x --first", "python -m x --second"])
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith("# Mine\n\nBefore.\n\n<!-- fidelity:settings") and text.endswith("-->\n\nFound: x.\n")
+    assert "--first\n    OMP_NUM_THREADS=1 python -m x --second" in text and "N = 128 (copies of 32..62" in text
+    assert "- feed-forward width: ours 128, the authors' script 256" in text and "--epochs 40 --reduce_lr_at 28" in text
+    assert text.count("<!-- fidelity:settings") == 1 and "600 of 800" not in text
+    (tmp_path / "README.md").write_text("# Written by hand\n")  # no markers: someone's own README, kept
+    assert not drv.write_readme(tmp_path, n128, model, ["python -m x"])
+    assert (tmp_path / "README.md").read_text() == "# Written by hand\n"
 
 
 # ----------------------------------------------------------------------------- the report section
