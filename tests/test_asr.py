@@ -295,3 +295,29 @@ def test_task_end_to_end_and_errors(compose_cfg, tmp_path):
                        ("model.encoder=gru", "model.encoder='gru'")]:
         with pytest.raises(ConfigError, match=match):
             run(compose_cfg(*common, bad, f"+task.out_dir={tmp_path / 'bad'}"))
+
+
+@pytest.mark.parametrize("deeper", [False, True])
+def test_a_data_dir_behind_a_dangling_link_is_one_line(tmp_path, deeper):
+    """task.data_dir a symbolic link whose target is gone (moved, unmounted), or a folder under
+    one: one line naming the link and its target, nothing made or generated."""
+    link = tmp_path / "speech"
+    link.symlink_to(tmp_path / "gone")
+    root = link / "cache" if deeper else link
+    with pytest.raises(ConfigError) as err:
+        generate(CorpusSettings(**TINY), root=root, progress=False)
+    who = "it" if not deeper else str(link)
+    assert str(err.value) == (f"task.data_dir={root}: {who} is a symbolic link to {tmp_path / 'gone'}, which does "
+                              f"not exist; restore its target or set task.data_dir to a folder")
+    assert not (tmp_path / "gone").exists()
+
+
+def test_a_dangling_data_dir_from_the_command_line(tmp_path):
+    from run_cli import run_py
+
+    (tmp_path / "speech").symlink_to(tmp_path / "gone")
+    res = run_py("experiment=smoke_asr", f"task.data_dir={tmp_path / 'speech'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: task.data_dir={tmp_path / 'speech'}: it is a symbolic link "
+                                               f"to {tmp_path / 'gone'}, which does not exist; restore its target or "
+                                               f"set task.data_dir to a folder"]

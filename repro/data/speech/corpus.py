@@ -52,8 +52,10 @@ class CorpusSettings:
 
     def __post_init__(self):
         if self.n_sentences < 3 or self.renditions < 1:
-            raise ConfigError(f"task.corpus: need n_sentences >= 3 and renditions >= 1; got {self.n_sentences}, {self.renditions}")
-        if not 0 < self.valid_fraction < 1 or not 0 < self.test_fraction < 1 or self.valid_fraction + self.test_fraction >= 1:
+            raise ConfigError(f"task.corpus: need n_sentences >= 3 and renditions >= 1; got {self.n_sentences}, "
+                              f"{self.renditions}")
+        if (not 0 < self.valid_fraction < 1 or not 0 < self.test_fraction < 1
+                or self.valid_fraction + self.test_fraction >= 1):
             raise ConfigError("task.corpus: valid_fraction and test_fraction must be in (0, 1) with a sum below 1")
         if not 1 <= self.min_words <= self.max_words:
             raise ConfigError(f"task.corpus: need 1 <= min_words <= max_words; got {self.min_words}, {self.max_words}")
@@ -61,7 +63,8 @@ class CorpusSettings:
             raise ConfigError(f"task.corpus.test_voice={self.test_voice!r} is also a training voice; hold it out")
 
     def key(self) -> str:
-        blob = json.dumps({**asdict(self), "version": VERSION, "espeak": engine().version}, sort_keys=True, default=list)
+        blob = json.dumps({**asdict(self), "version": VERSION, "espeak": engine().version}, sort_keys=True,
+                          default=list)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -71,16 +74,35 @@ def _render(text, voice, rate, pitch, snr_db, rng):
     pcm = eng.synth(text, voice, rate, pitch)
     if pcm.size == 0 or not np.any(pcm):
         raise RuntimeError(f"espeak-ng produced no audio for {text!r} ({voice})")
-    wav = torchaudio.functional.resample(torch.from_numpy(pcm.astype(np.float32) / 32768), eng.sample_rate, SAMPLE_RATE).numpy()
+    wav = torchaudio.functional.resample(torch.from_numpy(pcm.astype(np.float32) / 32768), eng.sample_rate,
+                                         SAMPLE_RATE).numpy()
     noise = rng.standard_normal(wav.shape).astype(np.float32)
     noise *= np.sqrt(np.mean(wav ** 2) / 10 ** (snr_db / 10)) / max(np.sqrt(np.mean(noise ** 2)), 1e-12)
     wav = wav + noise
     return np.clip(wav / max(1.0, float(np.abs(wav).max()) / 0.99), -1, 1)
 
 
+def cache_folder(root: Path) -> Path:
+    """root (task.data_dir) as a folder to cache corpora in, made if missing. A dangling symbolic
+    link on its way (a target moved or unmounted), a file, or a folder that cannot be made is one
+    line naming the path."""
+    for p in (root, *root.parents):
+        if p.is_symlink() and not p.exists():
+            raise ConfigError(f"task.data_dir={root}: {'it' if p == root else p} is a symbolic link to "
+                              f"{os.readlink(p)}, which does not exist; restore its target or set task.data_dir "
+                              f"to a folder")
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"task.data_dir={root}: not a folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"task.data_dir={root}: cannot make the folder ({err.strerror})") from err
+    return root
+
+
 def generate(settings: CorpusSettings, root=None, progress: bool = True) -> Path:
     """The corpus folder for these settings, generated first if it is not cached yet."""
-    root = Path(root or REPO / "data" / "speech")
+    root = cache_folder(Path(root or REPO / "data" / "speech"))
     out = root / f"tts-{settings.key()}"
     if (out / "manifest.jsonl").exists():
         return out
@@ -100,7 +122,6 @@ def generate(settings: CorpusSettings, root=None, progress: bool = True) -> Path
             voice = s.test_voice if split == "test" else s.voices[rng.integers(len(s.voices))]
             plan.append((split, i, r, text, voice, int(rng.integers(s.rate[0], s.rate[1] + 1)),
                          int(rng.integers(s.pitch[0], s.pitch[1] + 1)), float(rng.uniform(*s.snr_db))))
-    root.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(root)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-{os.getpid()}-", dir=root))
     try:
@@ -119,7 +140,8 @@ def generate(settings: CorpusSettings, root=None, progress: bool = True) -> Path
                          "pitch": pitch, "snr_db": round(snr, 2), "n_samples": len(wav)})
         atomic_write(tmp / "settings.json", json.dumps({**asdict(s), "version": VERSION, "espeak": engine().version,
                                                         "n_utterances": len(rows),
-                                                        "sentence_source": "python docs (pydoc_data.topics) + stdlib docstrings"},
+                                                        "sentence_source":
+                                                            "python docs (pydoc_data.topics) + stdlib docstrings"},
                                                        indent=1, default=list))
         write_jsonl(tmp / "manifest.jsonl", rows)
         try:
