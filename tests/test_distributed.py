@@ -11,6 +11,7 @@ import torch
 from repro.cli.config import ConfigError
 from repro.common.results import read_jsonl
 from repro.tasks.copy import run
+from repro.training import load_checkpoint
 from repro.training.distributed import RankShard, shard
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +56,7 @@ def test_torchrun_two_processes_equal_one(compose_cfg, tmp_path):
     assert rows[-1]["world_size"] == 2 and rows[-1]["status"] == "ok"
     assert sorted(by_step(rows, "train")) == [1, 2, 3]  # one writer: no row twice
     assert_same_steps(rows, ref)
-    ckpt = torch.load(run_dir / "checkpoints/last.pt", weights_only=False)
+    ckpt = load_checkpoint(run_dir)
     assert ckpt["step"] == 3 and ckpt["world_size"] == 2 and len(ckpt["rng_ranks"]) == 2
 
 

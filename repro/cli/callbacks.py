@@ -1,24 +1,46 @@
 """Hydra callbacks: at the end of a multirun, gather every job's results.jsonl into the
-sweep directory and let the task aggregate them (one CSV, one plot, one table). With
-logger=wandb, each job's and the sweep's CSVs and figures go to wandb as tables and images."""
+sweep directory and let the task aggregate them (one CSV, one plot, one table). The aggregating
+module is found from trusted configs (the running sweep's, the suite's conf/task), never from a
+job folder's .hydra/config.yaml. With logger=wandb, each job's and the sweep's CSVs and figures
+go to wandb as tables and images."""
 import importlib
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from repro.common.results import read_jsonl, write_jsonl
 
 
-def task_module(job_dir: Path):
-    """The module of the task a sweep's job ran, from the job's own composed config
-    (.hydra/config.yaml, task._target_): a task is found through its config, wherever it lives."""
-    from omegaconf import OmegaConf
+def task_targets(config) -> list[str]:
+    """The task targets this sweep may have run, from trusted configs only: its composed config's
+    (task._target_), those its command line sweeps over (task._target_=a.run,b.run), and the
+    suite's own task configs (conf/task: task=copy,mnist). Never a config found in a job folder:
+    a file on disk names no code to import."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    config = job_dir / ".hydra" / "config.yaml"
-    target = (OmegaConf.load(config).get("task") or {}).get("_target_") if config.is_file() else None
-    return importlib.import_module(target.rsplit(".", 1)[0]) if target else None
+    from repro.cli.config import CONF_DIR
+
+    targets = [OmegaConf.select(config, "task._target_", default=None)]
+    lines = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+    for o in OverridesParser.create().parse_overrides(list(lines)):
+        if o.key_or_group == "task._target_":
+            targets += list(o.sweep_iterator()) if o.is_discrete_sweep() else [o.value()]
+    targets += [OmegaConf.load(p).get("_target_") for p in sorted((CONF_DIR / "task").glob("*.yaml"))]
+    return list(dict.fromkeys(t for t in targets if isinstance(t, str) and "." in t))
+
+
+def task_module(task: str, config, only: bool):
+    """The module that aggregates rows of `task`: among task_targets, the one named after it (the
+    suite's repro.tasks.<task>); else, when they are the sweep's only rows, the sweep's own task
+    (its composed config: a task whose rows carry another name). None: no task of this sweep."""
+    modules = [t.rsplit(".", 1)[0] for t in task_targets(config)]
+    named = [m for m in modules if m.rsplit(".", 1)[-1] == task]
+    own = OmegaConf.select(config, "task._target_", default=None)
+    name = named[0] if named else own.rsplit(".", 1)[0] if only and isinstance(own, str) and "." in own else None
+    return importlib.import_module(name) if name else None
 
 
 class AggregateSweep(Callback):
@@ -69,16 +91,16 @@ class AggregateSweep(Callback):
 
     @staticmethod
     def _aggregate(config, sweep_dir: Path):
-        by_task, modules = defaultdict(list), {}
+        by_task = defaultdict(list)
         for path in sorted(sweep_dir.glob("*/results.jsonl"), key=lambda p: p.parent.name):
             for row in read_jsonl(path):
                 by_task[row["task"]].append(row)
-                if row["task"] not in modules:
-                    modules[row["task"]] = task_module(path.parent)
         for task, rows in by_task.items():
             write_jsonl(sweep_dir / f"{task}.jsonl", rows)
-            module = modules.get(task)
-            if module is not None and hasattr(module, "aggregate"):
+            module = task_module(task, config, only=len(by_task) == 1)
+            if module is None:
+                print(f"\n[{task}] {len(rows)} rows in {sweep_dir}: no task of this sweep writes them, not summarised")
+            elif hasattr(module, "aggregate"):
                 print(f"\n[{task}] {len(rows)} rows from {sweep_dir}")
                 module.aggregate(rows, sweep_dir)
         if by_task:

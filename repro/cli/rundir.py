@@ -6,8 +6,11 @@ one line naming the owner and touches nothing. The operating system releases the
 owner dies (kill -9 included), so a lock left by a dead process is stale by construction: the
 next run takes it. A run into a directory that holds a finished run's checkpoint is refused here
 too, before Hydra rewrites that run's record, unless trainer.resume names it (and its checkpoint
-accepts this run's settings); so is one that holds a run's results and no checkpoint. A
-directory named through environment variables (${oc.env:X}) is resolved first.
+accepts this run's settings); so is one that holds a run's results and no checkpoint. A sweep
+into a sweep directory that holds another sweep (other overrides than its multirun.yaml records,
+or job folders without one) is refused the same way (check_sweep_dir); the same sweep run again
+resumes its jobs. A directory named through environment variables (${oc.env:X}) is resolved
+first.
 
 A directory inside one that another live run holds (a single run named into a running sweep's
 job directory, or a sweep pinned inside another's) is refused the same way. Default run
@@ -113,7 +116,9 @@ def hold(argv: list[str], multirun: bool):
     if directory is None:  # Hydra's default (with ${uid:}) or a ${now:}: a fresh directory
         return None
     _inside_held(Path(directory).resolve())  # a live owner first: the checks below read what it writes
-    if not multirun:
+    if multirun:
+        check_sweep_dir(Path(directory), argv)
+    else:
         from repro.training.checkpoint import check_run_dir
 
         resume = _override(argv, "trainer.resume")
@@ -127,6 +132,56 @@ def hold(argv: list[str], multirun: bool):
         if resume:
             _check_resume(argv, resume)
     return lock(directory, "sweep" if multirun else "run")
+
+
+def _task_overrides(lines) -> list | None:
+    """The task overrides (not hydra.*) of a command line, parsed; None when they do not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([str(a) for a in lines if not str(a).startswith("-")])
+    except Exception:  # noqa: BLE001 (a syntax error: Hydra reports it in its own words)
+        return None
+    return [o for o in parsed if not o.is_hydra_override()]
+
+
+def _sweep_identity(overrides) -> list[str]:
+    """What makes a sweep the sweep it is: its task overrides as typed, but the single values of
+    settings a resume may change (trainer.max_steps, the logger, the device...:
+    repro.training.parts.MAY_CHANGE_ON_RESUME), so that a sweep can be resumed to train on."""
+    from repro.training.parts import MAY_CHANGE_ON_RESUME
+
+    def may_change(o):
+        return not o.is_sweep_override() and any(o.key_or_group == m or o.key_or_group.startswith(m + ".")
+                                                 for m in MAY_CHANGE_ON_RESUME)
+    return [o.input_line for o in overrides if not may_change(o)]
+
+
+def check_sweep_dir(sweep_dir: Path, argv):
+    """A sweep goes into a fresh dir, or into its own: the same sweep run again (the same task
+    overrides as <sweep dir>/multirun.yaml records, settings a resume may change aside) resumes its
+    jobs. Another sweep into a used dir is refused before Hydra writes there: its rows would mix
+    with the earlier sweep's in one summary, and its jobs be counted with theirs."""
+    from omegaconf import OmegaConf
+
+    record = sweep_dir / "multirun.yaml"
+    jobs = sorted({p.parent for p in [*sweep_dir.glob("*/.hydra"), *sweep_dir.glob("*/results.jsonl")]})
+    mine = _task_overrides(argv)
+    if mine is None or not (record.is_file() or jobs):
+        return
+    try:
+        theirs = _task_overrides(OmegaConf.to_container(OmegaConf.load(record).hydra.overrides.task))
+    except Exception:  # noqa: BLE001 (missing or unreadable: no record of a sweep to resume)
+        theirs = None
+    if theirs is None:
+        raise ConfigError(f"{sweep_dir} already holds runs ({jobs[0] if jobs else record}) and no readable record "
+                          "of the sweep that made them (multirun.yaml): run this sweep in a new dir (leave "
+                          "hydra.sweep.dir unset, or name another)")
+    if _sweep_identity(theirs) != _sweep_identity(mine):
+        typed = lambda overrides: " ".join(o.input_line for o in overrides) or "no overrides"  # noqa: E731
+        raise ConfigError(f"{sweep_dir} already holds another sweep ({typed(theirs)}), not this one ({typed(mine)}): "
+                          "their rows would mix in one summary; run this sweep in a new dir (leave hydra.sweep.dir "
+                          "unset, or name another), or run that one again with its own overrides to resume its jobs")
 
 
 def _trained(rows: Path) -> bool:

@@ -26,8 +26,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from repro.attention.base import AttentionLayer
-from repro.cli.attention import attention_name, user_set
-from repro.cli.config import ConfigError, building_from_config, in_multirun, parse_device
+from repro.cli.attention import attention_config, attention_name, user_set
+from repro.cli.config import ConfigError, building_from_config, group_options, in_multirun, parse_device
 from repro.cli.config import run_dir as get_run_dir
 from repro.common import paper
 from repro.common.results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
@@ -37,6 +37,7 @@ from repro.models import logistic_mixture as dmol
 from repro.models.generate import generate
 from repro.models.pixels import PixelTransformer, to_images, to_sequence
 from repro.training import fit, load_checkpoint, seed_everything
+from repro.training.checkpoint import load_into, require
 from repro.training.distributed import is_main
 from repro.training.loop import step_time_text
 from repro.training.rows import read_rows
@@ -178,22 +179,22 @@ def run(cfg) -> float:
 
 
 def sample_from_checkpoint(cfg) -> float:
-    """task.mode=sample task.checkpoint=<run dir or file>: the model, attention and data settings
-    come from the checkpoint's own config; writes samples.png and a row with the timing."""
+    """task.mode=sample task.checkpoint=<run dir or file>: the model's sizes and the data settings
+    come from the checkpoint's own config (plain values); the code that builds the model (every
+    `_target_`) from this run's: the attention composed now must be the one it was trained with
+    (trained_config). Writes samples.png and a row with the timing."""
     t = cfg.task
     if not t.get("checkpoint"):
         raise ConfigError("task.mode=sample needs task.checkpoint=<a training run dir or checkpoint file>")
-    ckpt = load_checkpoint(t.checkpoint)
-    trained = OmegaConf.create(ckpt["config"])
-    if trained.task.get("_target_") != "repro.tasks.image.run":
-        raise ConfigError(f"task.checkpoint={t.checkpoint}: not an image-task checkpoint "
-                          f"(task {trained.task.get('name')!r})")
+    ckpt = load_checkpoint(t.checkpoint, option="task.checkpoint")
+    require(ckpt, "config", "model", "step")
+    trained = trained_config(ckpt["config"], cfg)
     with open_dict(trained):
         trained.device = cfg.device
         trained.task.data_dir, trained.task.download = t.data_dir, t.download
     device = parse_device(cfg.device)
     model = build_model(trained).to(device).eval()
-    model.load_state_dict(ckpt["model"])
+    load_into(ckpt, "model", model)
     splits = _data(trained)
     out = get_run_dir(cfg)
     n = t.n_samples or 8
@@ -206,6 +207,47 @@ def sample_from_checkpoint(cfg) -> float:
     print(f"{2 * n} images ({n} unconditional, {n} completing a top half) by {mode} sampling in {seconds:.1f} s "
           f"-> {out / 'samples.png'}")
     return seconds
+
+
+def _targets(node, prefix):
+    """{dotted path of a `_target_`: its value} over a plain config node (dicts and lists)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    out = {}
+    for k, v in items:
+        path = f"{prefix}.{k}"
+        out.update({path: v} if k == "_target_" else _targets(v, path))
+    return out
+
+
+def trained_config(saved, cfg):
+    """The checkpoint's saved config, as data: its model and attention settings build the model,
+    but only with the classes this run composes (conf/attention, the command line), never with a
+    `_target_` the file names. Any `_target_` that differs from this run's is refused in one line
+    naming both."""
+    t = cfg.task
+    if not (isinstance(saved, dict) and all(isinstance(saved.get(k), dict) for k in ("task", "model", "attention"))):
+        raise ConfigError(f"task.checkpoint={t.checkpoint}: its config holds no task, model and attention "
+                          "settings: not a checkpoint of a training run")
+    if saved["task"].get("_target_") != cfg.task._target_:
+        raise ConfigError(f"task.checkpoint={t.checkpoint}: not an image-task checkpoint "
+                          f"(task {saved['task'].get('name')!r})")
+    for node in ("attention", "model"):
+        then = _targets(saved[node], node)
+        now = _targets(OmegaConf.to_container(cfg[node], resolve=True) if cfg.get(node) is not None else {}, node)
+        for path in sorted(set(then) | set(now)):
+            if then.get(path) != now.get(path):
+                hint = f" (conf/attention: {_entries_of(then.get(path))})" if path == "attention._target_" else ""
+                raise ConfigError(f"task.checkpoint={t.checkpoint} was trained with {path}={then.get(path)!r}, "
+                                  f"this run composes {path}={now.get(path)!r}: a model is built from this suite's "
+                                  f"configs and the command line, never from a checkpoint's; give the settings it "
+                                  f"was trained with{hint}")
+    return OmegaConf.create(saved)
+
+
+def _entries_of(target) -> str:
+    """The conf/attention entries that build `target`, for the hint of a refusal."""
+    names = [n for n in group_options("attention") if attention_config(n).get("_target_") == target]
+    return f"attention={' or attention='.join(names)}" if names else "no entry builds it"
 
 
 # ----------------------------------------------------------------------------- aggregation

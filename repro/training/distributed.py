@@ -102,6 +102,8 @@ def all_gather_object(obj) -> list:
     torch.save(obj, buf)
     out = [None] * world_size()
     dist.all_gather_object(out, buf.getvalue())
+    # Full unpickling is safe here: the bytes are this job's own ranks' objects, exchanged in memory
+    # over the process group, never a file from outside the process.
     return [torch.load(io.BytesIO(b), weights_only=False) for b in out]
 
 

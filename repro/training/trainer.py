@@ -48,6 +48,7 @@ from repro.training.checkpoint import (
     check_run_dir,
     load_checkpoint,
     load_into,
+    require,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -140,7 +141,8 @@ class Trainer:
         if not self.resume_from:
             self.rng = rng_state()
             return
-        ckpt = load_checkpoint(self.resume_from)
+        ckpt = load_checkpoint(self.resume_from)  # data only: tensors and plain values
+        require(ckpt, "step", "model", "optimizer", "data", "rng", "fingerprint")
         check_fingerprint(ckpt, self.fingerprint)
         for name, obj in [("model", self.model), ("optimizer", self.optimizer), ("data", self.train_data)] + \
                          ([("scheduler", self.scheduler)] if self.scheduler is not None else []):
