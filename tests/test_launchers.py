@@ -107,13 +107,17 @@ def test_a_command_failing_after_its_run_dir_was_made_removes_it(tmp_path):
 def test_a_sweep_run_again_into_its_dir_resumes_its_jobs_and_forgets_old_failures(tmp_path):
     """An interrupted sweep is continued by running its command again: each job with a checkpoint
     goes on from it (here: finished, so nothing to train), and the failures recorded by an
-    earlier sweep into the same dir are not this one's."""
+    earlier run of it are forgotten; a different sweep into the same dir is refused."""
     tiny = [a for a in TINY if not a.startswith("trainer.checkpoint=")]
     first = hydra_run(tmp_path, "-m", "hydra.sweep.dir=sw", *tiny, "attention=linear,linformer", check=False)
     assert first.returncode == 1 and (tmp_path / "sw/1/failed.json").is_file()
-    again = hydra_run(tmp_path, "-m", "hydra.sweep.dir=sw", *tiny, "attention=linear")
+    # another sweep into the same dir is refused, touching nothing
+    other = hydra_run(tmp_path, "-m", "hydra.sweep.dir=sw", *tiny, "attention=linear", check=False)
+    assert other.returncode == 2 and "already holds another sweep" in other.stderr
+    (tmp_path / "sw/0/failed.json").write_text('{"overrides": [], "error": "an earlier failure"}\n')
+    again = hydra_run(tmp_path, "-m", "hydra.sweep.dir=sw", *tiny, "attention=linear,linformer", check=False)
     assert "this sweep job has a checkpoint; resuming it" in again.stdout
-    assert "failed" not in again.stderr and not (tmp_path / "sw/1/failed.json").exists()
+    assert not (tmp_path / "sw/0/failed.json").exists()
 
 
 def test_the_sweep_dir_is_pinned_when_hydra_alone_can_expand_the_sweep(tmp_path):
