@@ -193,16 +193,62 @@ def test_gpu_memory_cap_sets_the_fraction_of_the_gpu(monkeypatch):
     import torch
 
     from repro.cli.config import ConfigError
+    from repro.training.memory import cap_gpu_memory
 
     set_to = []
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": 80 * 2**30}))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: set_to.append((f, d)))
     gpu = torch.device("cuda", 0)
-    assert benchmark.cap_gpu_memory(gpu, 11) == pytest.approx(11 / 80) and set_to == [(pytest.approx(11 / 80), gpu)]
-    assert benchmark.cap_gpu_memory(gpu, None) is None and len(set_to) == 1
+    assert cap_gpu_memory(gpu, 11) == pytest.approx(11 / 80) and set_to == [(pytest.approx(11 / 80), gpu)]
+    assert cap_gpu_memory(gpu, None) is None and len(set_to) == 1
     for bad, why in ((0, "positive number"), (-1, "positive number"), (float("inf"), "positive number"),
                      (96, "the GPU has 80.0 GiB")):
         with pytest.raises(ConfigError, match=why):
-            benchmark.cap_gpu_memory(gpu, bad)
+            cap_gpu_memory(gpu, bad)
     with pytest.raises(ConfigError, match="this run is on cpu"):
-        benchmark.cap_gpu_memory(torch.device("cpu"), 11)
+        cap_gpu_memory(torch.device("cpu"), 11)
+
+
+def _linear_rows(ns, seed=0, scale=1.0, noise=()):
+    """Linear-time synthetic rows: time and memory per sample proportional to N (times noise[i])."""
+    return [{"attention": "linear", "n": n, "seed": seed, "status": "ok",
+             "time_per_sample_ms": scale * n / 128 * (noise[i] if i < len(noise) else 1.0),
+             "mem_per_sample_mb": scale * n / 128} for i, n in enumerate(ns)]
+
+
+def test_slopes_are_fitted_over_distinct_lengths():
+    """task.lengths=[128,128] wrote a time slope of 0.33 (a fit over two rows of one N); repeated
+    lengths are averaged first: one distinct N has no slope, and repeats around a linear trend
+    give 1."""
+    s = benchmark.summarize(_linear_rows([128, 128], noise=(1.0, 1.3)))["attentions"]["linear"]
+    assert s["time_slope_all"] is None and s["time_slope_top3"] is None
+    rows = _linear_rows([128, 256, 512, 512, 512], noise=(1.0, 1.0, 0.8, 1.0, 1.2))  # 512: mean 1.0 of the trend
+    s = benchmark.summarize(rows)["attentions"]["linear"]
+    assert s["time_slope_all"] == pytest.approx(1.0) and s["time_slope_top3"] == pytest.approx(1.0)
+    assert s["mem_slope_top3"] == pytest.approx(1.0)
+
+
+def test_a_seed_sweep_is_summarised_per_seed_then_across_seeds():
+    """A seed sweep's summary read 0.36 for time_slope_top3 while each job's slope was about 1:
+    its three largest rows were one N's three seeds. Each seed's slope, then their mean."""
+    rows = [r for seed, scale in ((0, 1.0), (1, 1.5), (2, 0.7))
+            for r in _linear_rows([128, 256, 512], seed=seed, scale=scale)]
+    scale = {0: 1.0, 1: 1.5, 2: 0.7}
+    rows += [{**r, "attention": "softmax", "time_per_sample_ms": 0.6 * scale[r["seed"]] * (r["n"] / 128) ** 2}
+             for r in rows]
+    s = benchmark.summarize(rows)["attentions"]
+    assert s["linear"]["time_slope_top3"] == pytest.approx(1.0) and s["linear"]["time_slope_all"] == pytest.approx(1.0)
+    assert s["linear"]["seeds"] == [0, 1, 2]
+    assert [v["time_slope_all"] for v in s["linear"]["slopes_per_seed"].values()] == pytest.approx([1.0] * 3)
+    assert s["softmax"]["time_slope_all"] == pytest.approx(2.0)
+    crossing = benchmark.summarize(rows)["crossovers"]["linear vs softmax"]
+    assert crossing["faster_at"] == [256, 512]  # from the per-N means, not from one seed's row
+
+
+def test_a_repeated_length_run_writes_one_point_per_length(compose_cfg, tmp_path):
+    cfg = compose_cfg(*TINY[:-1], "task.lengths=[16,16,32]", "task.isolate=false", "task.attentions=[linear]",
+                      f"+run_dir={tmp_path}")
+    benchmark.run(cfg)
+    summary = json.loads((tmp_path / "summary.json").read_text())["attentions"]["linear"]
+    assert summary["time_slope_top3"] == summary["time_slope_all"]  # two distinct N: one line through both
+    assert "(each value: the mean of the point's rows" in (tmp_path / "table.txt").read_text()

@@ -23,3 +23,87 @@ def test_parameters_count_and_nothing_is_kept_without_grad():
     with torch.no_grad():
         assert saved_bytes(layer, x)[0] == 0
     assert layer_saved_mib(layer, torch.randn(3, 16, dtype=torch.float64)) == nbytes / 2**20
+
+
+# ----------------------------------------------------------------------------- the timing tasks' memory limit
+
+def test_memory_cap_turns_an_allocation_past_it_into_an_error_and_lifts_after():
+    import resource
+
+    import pytest
+
+    from repro.training.memory import memory_cap, out_of_memory
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with memory_cap(64 * 2**20, torch.device("cpu")):
+        small = torch.ones(1024, 1024)  # 4 MiB: fits
+        with pytest.raises((RuntimeError, MemoryError)) as err:
+            torch.empty(256 * 2**20 // 4).fill_(1.0)
+        assert "allocate" in out_of_memory(err.value)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    assert torch.empty(256 * 2**20 // 4).fill_(1.0).sum() > 0 and small.sum() == 1024 * 1024
+    assert out_of_memory(ValueError("out of memory")) is None  # not an allocator's error
+    assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")).startswith("CUDA")
+
+
+def test_memory_limit_is_the_setting_or_most_of_what_is_free(monkeypatch):
+    import psutil
+    import pytest
+
+    from repro.common.errors import ConfigError
+    from repro.training.memory import memory_limit, over_limit
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 10 * 2**30}))
+    assert memory_limit(None) == 8 * 2**30 and memory_limit(1.5) == 1.5 * 2**30
+    for bad in (0, -1, "x", float("inf"), True):
+        with pytest.raises(ConfigError, match="task.memory_limit_gb="):
+            memory_limit(bad)
+    assert over_limit(2**30, 2**31, "x") is None
+    row = over_limit(3 * 2**30, 2**31, "linear at batch 9")
+    assert row["status"] == "oom" and row["reason"].startswith("linear at batch 9 needs at least 3 GiB")
+
+
+def _run(*args, tmp):
+    from tests.run_cli import run_py
+
+    proc = run_py(*args, f"hydra.run.dir={tmp}")
+    assert proc.returncode == 0, proc.stderr
+    from repro.common.results import read_jsonl
+    return read_jsonl(tmp / "results.jsonl"), proc
+
+
+def test_kernels_past_the_memory_limit_are_oom_rows_and_the_run_goes_on(tmp_path):
+    """task.lengths=[10000000] allocated until the operating system's OOM killer ended the run.
+    Now: refused from the estimate before allocating (the inputs alone need 76 GiB); and a point
+    whose estimate fits but whose allocations pass the cap (the per-step loop keeps every state)
+    is an 'oom' row, the next implementation measured."""
+    rows, _ = _run("task=kernels", "task.lengths=[64,10000000]", "task.implementations=[chunked,naive]",
+                   "task.repeats=1", "task.warmup=0", tmp=tmp_path / "a")
+    assert [(r["n"], r["status"]) for r in rows] == [(64, "ok"), (64, "ok"), (10000000, "oom"), (10000000, "oom")]
+    assert "needs at least 76.3 GiB" in rows[2]["reason"] and "estimated before allocating" in rows[2]["reason"]
+    rows, proc = _run("task=kernels", "task.lengths=[512]", "task.implementations=[loop,chunked]", "task.repeats=1",
+                      "task.warmup=0", "+task.memory_limit_gb=0.1", tmp=tmp_path / "b")
+    assert [(r["implementation"], r["status"]) for r in rows] == [("loop", "oom"), ("chunked", "ok")]
+    assert "allocate" in rows[0]["reason"] and "loop N=512: oom" in proc.stderr
+    assert (tmp_path / "b" / "kernels.csv").is_file()
+
+
+def test_throughput_past_the_memory_limit_is_an_oom_row(compose_cfg, tmp_path, monkeypatch):
+    """task.batches=[100000] allocated until the OOM killer: each method is refused from its
+    estimate (a linear state or a key/value cache per layer for 100,000 images: over 1 GiB); with the estimate
+    out of the way, the cap stops the allocation itself."""
+    from repro.common.results import read_jsonl
+    from repro.tasks import throughput
+
+    base = ("task=throughput", "model=tiny", "task.sizes=[mnist]", "task.batches=[100000]", "task.time_budget_s=0.2",
+            "task.probes=2")
+    throughput.run(compose_cfg(*base, "task.run_methods=[linear,stateful-softmax,softmax]", "+task.memory_limit_gb=1",
+                               f"+run_dir={tmp_path}"))
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    assert [r["status"] for r in rows] == ["oom"] * 3
+    assert all("estimated before allocating" in r["reason"] for r in rows)
+    monkeypatch.setattr(throughput, "needed_bytes", lambda *a: 0)
+    throughput.run(compose_cfg(*base, "task.run_methods=[linear]", "+task.memory_limit_gb=0.2",
+                               f"+run_dir={tmp_path / 'cap'}"))
+    row, = read_jsonl(tmp_path / "cap" / "results.jsonl")
+    assert row["status"] == "oom" and "allocate" in row["reason"], row

@@ -1,5 +1,8 @@
 """Result rows on disk: every row carries where and how it was measured, and every file is
-written atomically (temporary file, then rename), so an interrupted run leaves no half file."""
+written atomically (temporary file, then rename), so an interrupted run leaves no half file.
+A published folder (a task's `publish` setting) is written through one guarded path,
+publish_folder (output_dirs for a task's aggregate), which never replaces another run's rows or
+files unless told to, and writes nothing before its checks pass."""
 import io
 import json
 import math
@@ -8,11 +11,14 @@ import platform
 import shlex
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from repro.common.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,54 +64,117 @@ def save_figure(fig, path):
 
 def output_dirs(rows, out_dir, raw_name: str) -> list[Path]:
     """Where a task's aggregate goes: out_dir, and the `publish` folder (under the repository)
-    that the rows name, if any, with the raw rows written there as raw_name beside it."""
-    publish = publish_folder(rows)
-    if publish is None:
-        return [Path(out_dir)]
-    _refuse_dropping_other_runs(publish / raw_name, rows)
-    write_jsonl(publish / raw_name, rows)
-    return [Path(out_dir), publish]
+    that the rows name, if any, once publish_folder has let them in (raw rows written there as
+    raw_name)."""
+    publish = publish_folder(rows, raw_name)
+    same = publish is not None and publish.resolve() == Path(out_dir).resolve()  # repro.cli.publish: one folder
+    return [Path(out_dir)] + ([publish] if publish and not same else [])
 
 
-RUN_KEYS = ("task", "attention", "model", "seed", "max_len", "dataset", "size", "method", "n", "batch")
+# What tells one run from another in a folder's raw rows: a folder is replaced only by rows that
+# hold every run it holds.
+RUN_KEYS = ("task", "attention", "model", "seed", "max_len", "dataset", "size", "method", "implementation", "n",
+            "batch")
+RAW_ROWS = "*_rows.jsonl"  # every task's raw rows in a published folder (copy_rows.jsonl, benchmark_rows.jsonl, ...)
+# How the refusal names the two settings: run.py's, or python -m repro.cli.publish's (publishing_as)
+_OPTIONS = {"folder": "task.publish", "replace": "task.publish_replace=true"}
 
 
 def _runs_of(rows) -> set:
     return {tuple(str(r.get(k)) for k in RUN_KEYS) for r in rows}
 
 
-def _refuse_dropping_other_runs(path: Path, rows):
-    """A publish folder's raw rows are replaced only by a set of runs that includes every run they
-    hold (the same sweep again, or more of it): a single run published into a folder of a sweep's
-    results would otherwise replace them (a probe with a claims preset once did)."""
-    if not path.is_file():
-        return
-    from repro.common.errors import ConfigError
-
-    try:
-        old = read_jsonl(path)
-    except (OSError, ValueError):
-        return
-    lost = _runs_of(old) - _runs_of(rows)
-    if lost:
-        raise ConfigError(f"task.publish={path.parent}: it holds the results of {len(lost)} run(s) this one does not "
-                          f"include ({path.name}); publish into another folder (task.publish=...) or remove those "
-                          f"results first")
+def _shown(folder: Path) -> str:
+    return str(folder.relative_to(REPO)) if folder.is_relative_to(REPO) else str(folder)
 
 
-def publish_folder(rows) -> Path | None:
+def publish_target(rows) -> Path | None:
     """The folder under the repository that the rows ask their aggregate to be published in (their
-    `publish` setting), or None: a run and a sweep's callback publish alike. The commands that made
-    the rows (their `command`, one a line) are written to its command.txt, so that the report never
-    has to guess a published folder's command (rows from outside run.py name none: nothing written)."""
+    `publish` setting), or None. Writes nothing: publish_folder does, after its checks."""
     publish = next((r.get("publish") for r in rows if r.get("publish")), None)
-    if not publish:
+    return REPO / publish if publish else None
+
+
+def check_publish(rows, raw_name: str | None = None) -> Path | None:
+    """The rows' publish folder, or None; a ConfigError (one line naming the folder and the option)
+    when publishing them would replace another run's rows or files. A folder is open when it is
+    missing or empty, when every raw-rows file in it (raw_name, *_rows.jsonl) holds only runs these
+    rows hold too (the same sweep again, or more of it), or when the rows carry publish_replace
+    (task.publish_replace=true). A folder with files but no raw rows cannot say whose they are:
+    closed (the committed results made before raw rows were published hold none)."""
+    folder = publish_target(rows)
+    if folder is None or any(r.get("publish_replace") is True for r in rows):
+        return folder
+    where, opt = f"{_OPTIONS['folder']}={_shown(folder)}", _OPTIONS["replace"]
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{where}: a file, not a folder; publish into a folder")
+    held = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
+    if not held:
+        return folder
+    raws = sorted(p for p in {*folder.glob(RAW_ROWS), *([folder / raw_name] if raw_name else [])} if p.is_file())
+    if not raws:
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise ConfigError(f"{where}: the folder holds files of another run ({shown}) and no raw rows that say which "
+                          f"runs made them; publish into another folder, or give {opt} to replace them")
+    lost = 0
+    for path in raws:
+        try:
+            old = read_jsonl(path, strict=True)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{where}: its raw rows {path.name} cannot be read ({err}); publish into another "
+                              f"folder, or give {opt} to replace them") from err
+        lost += len(_runs_of(old) - _runs_of(rows))
+    if lost:
+        raise ConfigError(f"{where}: it holds the results of {lost} run(s) this one does not include "
+                          f"({', '.join(p.name for p in raws)}); publish into another folder, or give {opt} "
+                          f"to replace them")
+    return folder
+
+
+def publish_folder(rows, raw_name: str | None = None) -> Path | None:
+    """The one guarded way into a published folder: check_publish first, and only then the
+    commands that made the rows (their `command`, one a line) in its command.txt, so that the
+    report never has to guess a published folder's command (rows from outside run.py name none:
+    nothing written), and the rows themselves as raw_name. Returns the folder (None: the rows
+    name none); the caller writes its aggregate there."""
+    folder = check_publish(rows, raw_name)
+    if folder is None:
         return None
-    folder = REPO / publish
     commands = dict.fromkeys(str(r["command"]) for r in rows if r.get("command"))
     if commands:
         atomic_write(folder / "command.txt", "".join(c + "\n" for c in commands))
+    if raw_name:
+        write_jsonl(folder / raw_name, rows)
     return folder
+
+
+@contextmanager
+def publishing_as(folder: str, replace: str):
+    """Name the publish settings in check_publish's refusals as this caller's command line does."""
+    saved = dict(_OPTIONS)
+    _OPTIONS.update(folder=folder, replace=replace)
+    try:
+        yield
+    finally:
+        _OPTIONS.update(saved)
+
+
+def publish_replace_asked() -> bool:
+    """Whether this Hydra job's command line says task.publish_replace=true (typed, or one of a
+    sweep's overrides): provenance() then marks every row the job makes, which is how the
+    aggregate of a task that does not copy the setting into its rows (the training tasks), and a
+    sweep's, learn it."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        if not HydraConfig.initialized():
+            return False
+        overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
+    except Exception:  # noqa: BLE001 (no Hydra job, or overrides it cannot parse: nothing asked)
+        return False
+    return any(o.key_or_group == "task.publish_replace" and not o.is_sweep_override() and o.value() is True
+               for o in overrides)
 
 
 COMMAND_ENV = "REPRO_COMMAND"  # run.py puts its command line here; every row it makes carries it
@@ -203,6 +272,8 @@ def provenance(device: torch.device) -> dict:
            "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if os.environ.get(COMMAND_ENV):  # made by run.py (see run_command): the command that made the row
         out["command"] = os.environ[COMMAND_ENV]
+    if publish_replace_asked():  # the rows may replace their publish folder's (check_publish)
+        out["publish_replace"] = True
     return out
 
 

@@ -5,18 +5,11 @@ per sample, a row per (attention, N), a log-log plot and a table.
 One run measures task.attentions (or the `attention` chosen on the command line); a Hydra
 multirun over attention and lengths aggregates all its jobs at the end (repro.cli.callbacks).
 """
-import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import psutil
-import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -26,25 +19,30 @@ from repro.cli.config import (
     ConfigError,
     RunFailed,
     building_from_config,
+    in_multirun,
     parse_device,
     parse_dtype,
     run_dir,
 )
 from repro.cli.logging import make_logger
 from repro.common.results import (
-    REPO,
     atomic_write,
+    check_publish,
     json_text,
+    output_dirs,
     provenance,
-    publish_folder,
     read_jsonl,
     rows_to_csv,
     save_figure,
     write_jsonl,
 )
-from repro.tasks.benchmark_point import PARENT_ENV, measure_safely
+from repro.tasks.benchmark_point import measure_safely, run_isolated
+from repro.training.backends import note_fallback
+from repro.training.memory import cap_gpu_memory
+from repro.training.memory import memory_limit as point_memory_limit
 
 FAILED = ("oom", "timeout", "error")
+RAW_NAME = "benchmark_rows.jsonl"  # the rows, beside the aggregate in a publish folder
 METRICS = ("time_ms", "time_per_sample_ms", "peak_mem_mb", "mem_per_sample_mb", "saved_per_sample_mb")
 
 
@@ -71,44 +69,6 @@ def _attentions(cfg) -> list[tuple[str, dict]]:
         raise ConfigError("task.attentions is empty and no attention=... was chosen; "
                           "name at least one config of conf/attention")
     return [(n, attention_config(n)) for n in names]
-
-
-def _run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
-    """measure() in a fresh Python process, killed when it passes the memory limit (an 'oom'
-    row, before the kernel's OOM killer hits the machine) or the time limit."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        # The point dies with this process: killed here on any exception (Ctrl-C), and by the
-        # kernel when this process is killed outright (benchmark_point.die_with_parent).
-        proc = subprocess.Popen([sys.executable, "-m", "repro.tasks.benchmark_point", json.dumps(spec)],
-                                cwd=REPO, stdout=out, stderr=err, text=True,
-                                env={**os.environ, PARENT_ENV: str(os.getpid())})
-        try:
-            ps, began, killed = psutil.Process(proc.pid), time.monotonic(), None
-            while proc.poll() is None:
-                try:
-                    rss = ps.memory_info().rss
-                except psutil.NoSuchProcess:
-                    break
-                if rss > memory_limit:
-                    killed = {"status": "oom",
-                              "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
-                elif time.monotonic() - began > timeout:
-                    killed = {"status": "timeout", "reason": f"still running after {timeout:.0f} s"}
-                if killed:
-                    return killed
-                time.sleep(0.02)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read().strip(), err.read().strip()
-    if proc.returncode == 0 and stdout:
-        return json.loads(stdout.splitlines()[-1])
-    if proc.returncode in (-9, 137):
-        return {"status": "oom", "reason": "killed by the operating system (out of memory)"}
-    last = (stderr.splitlines() or ["no output"])[-1]
-    return {"status": "error", "reason": f"exit {proc.returncode}: {last[:200]}"}
 
 
 # the row's name of each setting -> the config key that sets it (for the message below)
@@ -147,25 +107,6 @@ def _validate(t):
         raise ConfigError(f"task.isolate={t.isolate!r}; valid: auto, true, false")
 
 
-def cap_gpu_memory(device, gb) -> float | None:
-    """task.gpu_memory_gb: let this process use at most `gb` GiB of the GPU's memory (the rest is
-    an out-of-memory error to torch), so that a large GPU runs out where a smaller one did (the
-    paper's 11 GB GTX 1080 Ti: softmax stopped at 4,096, LSH at 16,384). Returns the fraction set."""
-    if gb is None:
-        return None
-    if not isinstance(gb, (int, float)) or isinstance(gb, bool) or not 0 < gb < float("inf"):
-        raise ConfigError(f"task.gpu_memory_gb={gb!r}: give a positive number of GiB, or null for the whole GPU")
-    if device.type != "cuda":
-        raise ConfigError(f"task.gpu_memory_gb={gb} caps a GPU's memory, and this run is on {device.type}; "
-                          "on a CPU the cap is task.memory_limit_gb")
-    total = torch.cuda.get_device_properties(device).total_memory
-    if gb * 2**30 > total:
-        raise ConfigError(f"task.gpu_memory_gb={gb}: the GPU has {total / 2**30:.1f} GiB")
-    fraction = gb * 2**30 / total
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
-    return fraction
-
-
 def run(cfg) -> float:
     t = cfg.task
     _validate(t)
@@ -178,7 +119,13 @@ def run(cfg) -> float:
             instantiate(OmegaConf.create(att))(d_model=cfg.model.d_model, n_heads=cfg.model.n_heads)
     out = run_dir(cfg)
     isolate = device.type == "cpu" if t.isolate == "auto" else bool(t.isolate)
-    memory_limit = (t.memory_limit_gb * 2**30 if t.memory_limit_gb else 0.8 * psutil.virtual_memory().available)
+    memory_limit = point_memory_limit(t.memory_limit_gb)
+    # Whether the publish folder will take these rows, before an hour of measuring (a sweep's
+    # jobs publish nothing: its callback publishes the whole sweep, checked then)
+    publishing = {"task": "benchmark", "publish": t.get("publish"), "publish_replace": bool(t.get("publish_replace"))}
+    if not in_multirun():
+        check_publish([{**publishing, "attention": name, "n": n, "batch": max(1, t.tokens // n), "seed": cfg.seed}
+                       for name, _ in attentions for n in lengths], RAW_NAME)
     logger = make_logger(cfg, out)
     meta = provenance(device)
 
@@ -200,7 +147,9 @@ def run(cfg) -> float:
     for i, ((name, att), n) in enumerate(tqdm(points, desc="benchmark", unit="point", dynamic_ncols=True)):
         batch = max(1, t.tokens // n)
         row = done.get((name, n))
-        if row is None:
+        if row is not None:  # kept; published where this run publishes
+            row = {**row, **publishing}
+        else:
             spec = {"attention": att, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "n": n,
                     "batch": batch, "causal": bool(t.causal), "dtype": dtype, "device": str(device),
                     "warmup": t.warmup, "repeats": t.repeats, "time_budget_s": t.time_budget_s, "seed": cfg.seed}
@@ -209,12 +158,12 @@ def run(cfg) -> float:
                 result = {"status": status, "reason": f"skipped: {status} at N={at}"}
             elif isolate:
                 # the budget, then at most one more pass (memory), which is itself under the budget
-                result = _run_isolated(spec, memory_limit, 2 * t.time_budget_s + 60)
+                result = run_isolated(spec, memory_limit, 2 * t.time_budget_s + 60)
             else:
                 result = measure_safely(spec)
-            row = {"task": "benchmark", "publish": t.get("publish"),
-                   "attention": name, "target": att["_target_"], "n": n, "batch": batch,
-                   **settings, "attention_settings": per_attention[name], **result, **meta}
+            row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
+                   **settings, "attention_settings": per_attention[name], **result, **meta, **publishing}
+        note_fallback(name, row)
         if row["status"] != "ok":
             tqdm.write(f"{name} N={n}: {row['status']}: {row.get('reason', '')}", file=sys.stderr)
         if row["status"] in FAILED and name not in failed:
@@ -224,7 +173,7 @@ def run(cfg) -> float:
         logger.log({f"{name}/time_per_sample_ms": row.get("time_per_sample_ms"),
                     f"{name}/mem_per_sample_mb": row.get("mem_per_sample_mb"), "n": n}, step=i)
 
-    summary = aggregate(rows, out)
+    summary = aggregate(rows, out, publish=not in_multirun())
     logger.log_table("benchmark", rows)
     logger.log_image("benchmark_plot", out / "benchmark.png")
     logger.finish()
@@ -236,26 +185,50 @@ def run(cfg) -> float:
 
 # ----------------------------------------------------------------------------- aggregation
 
-def _slope(df, col):
-    """Least-squares slope of log(col) against log(N): 1 linear, 2 quadratic."""
-    if len(df) < 2:
+SLOPE_COLS = {"time": "time_per_sample_ms", "mem": "mem_per_sample_mb", "saved": "saved_per_sample_mb"}
+
+
+def per_n(g, col) -> pd.Series:
+    """col per distinct N (the mean of rows that measured one N again: repeated lengths, resumed
+    runs), in N order."""
+    return g.dropna(subset=[col]).groupby("n")[col].mean().sort_index()
+
+
+def _slope(s: pd.Series):
+    """Least-squares slope of log(value) against log(N) over distinct N: 1 linear, 2 quadratic."""
+    if len(s) < 2:
         return None
-    return float(np.polyfit(np.log(df["n"]), np.log(df[col]), 1)[0])
+    return float(np.polyfit(np.log(s.index.to_numpy(float)), np.log(s.to_numpy(float)), 1)[0])
+
+
+def _slopes(g) -> dict:
+    """One run's slopes: over all its N and over its three largest."""
+    out = {}
+    for name, col in SLOPE_COLS.items():
+        s = per_n(g, col)
+        out[f"{name}_slope_all"] = _slope(s)
+        if name != "saved":
+            out[f"{name}_slope_top3"] = _slope(s.tail(3))
+    return out
 
 
 def summarize(rows) -> dict:
+    """Per attention: the largest N measured, the first failure, and the slopes of time and memory
+    against N, fitted over distinct N (repeated lengths averaged first); with several seeds (a seed
+    sweep), each seed's slopes and their mean. Crossovers from the per-N means."""
     df = _frame(rows)
     ok = df[df.status == "ok"]
     per_att = {}
     for name, g in ok.groupby("attention", sort=False):
-        g = g.sort_values("n")
-        top = g.tail(3)
-        per_att[name] = {"largest_n": int(g.n.max()),
-                         "time_slope_all": _slope(g, "time_per_sample_ms"),
-                         "time_slope_top3": _slope(top, "time_per_sample_ms"),
-                         "mem_slope_all": _slope(g, "mem_per_sample_mb"),
-                         "mem_slope_top3": _slope(top, "mem_per_sample_mb"),
-                         "saved_slope_all": _slope(g.dropna(subset=["saved_per_sample_mb"]), "saved_per_sample_mb")}
+        seeds = [getattr(x, "item", lambda x=x: x)() for x in dict.fromkeys(g.seed)] if "seed" in g else []
+        if len(seeds) > 1:
+            each = {seed: _slopes(g[g.seed == seed]) for seed in seeds}
+            slopes = {k: (float(np.mean(v)) if (v := [e[k] for e in each.values() if e[k] is not None]) else None)
+                      for k in next(iter(each.values()))}
+            extra = {"seeds": seeds, "slopes_per_seed": {str(seed): e for seed, e in each.items()}}
+        else:
+            slopes, extra = _slopes(g), {}
+        per_att[name] = {"largest_n": int(g.n.max()), **slopes, **extra}
     for name in df.attention.unique():
         per_att.setdefault(name, {"largest_n": None})
         failures = df[(df.attention == name) & (df.status != "ok")]
@@ -267,12 +240,12 @@ def summarize(rows) -> dict:
         for other in per_att:
             if other == lin:
                 continue
-            a = ok[ok.attention == lin].set_index("n").time_per_sample_ms
-            b = ok[ok.attention == other].set_index("n").time_per_sample_ms
+            a = per_n(ok[ok.attention == lin], "time_per_sample_ms")
+            b = per_n(ok[ok.attention == other], "time_per_sample_ms")
             common = sorted(set(a.index) & set(b.index))
-            faster = [n for n in common if a[n] < b[n]]
+            faster = [int(n) for n in common if a[n] < b[n]]
             # from the smallest N on which linear stays faster at every larger common N
-            since = next((n for n in common if all(a[m] < b[m] for m in common if m >= n)), None)
+            since = next((int(n) for n in common if all(a[m] < b[m] for m in common if m >= n)), None)
             crossovers[f"{lin} vs {other}"] = {"linear_faster_from_n": since, "faster_at": faster}
     return {"attentions": per_att, "crossovers": crossovers}
 
@@ -289,13 +262,15 @@ def _plot(df, path):
         for name, g in df.groupby("attention", sort=False):
             g = g.sort_values("n")
             ok = g[g.status == "ok"]
-            line, = ax.plot(ok.n, ok[col], marker="o", label=name)
+            mean = per_n(ok, col)  # seeds and repeated lengths: one point per N
+            line, = ax.plot(mean.index, mean.values, marker="o", label=name)
             if col == "mem_per_sample_mb" and ok.saved_per_sample_mb.notna().any():  # the exact count beside
-                ax.plot(ok.n, ok.saved_per_sample_mb, ls="--", lw=1, color=line.get_color())
+                saved = per_n(ok, "saved_per_sample_mb")
+                ax.plot(saved.index, saved.values, ls="--", lw=1, color=line.get_color())
             bad = g[g.status != "ok"].head(1)
-            if len(bad) and len(ok):
-                ax.plot(bad.n, [ok[col].iloc[-1]], marker="x", ls="", ms=10, color=line.get_color())
-                ax.annotate(bad.status.iloc[0], (bad.n.iloc[0], ok[col].iloc[-1]), fontsize=8,
+            if len(bad) and len(mean):
+                ax.plot(bad.n, [mean.iloc[-1]], marker="x", ls="", ms=10, color=line.get_color())
+                ax.annotate(bad.status.iloc[0], (bad.n.iloc[0], mean.iloc[-1]), fontsize=8,
                             textcoords="offset points", xytext=(-4, 6), ha="right")
         ax.set_xscale("log", base=2)
         if (df.status == "ok").any():  # an all-failed sweep still gets its (empty) figure
@@ -316,39 +291,61 @@ def _plot(df, path):
     save_figure(fig, path)
 
 
+def _pivot(df, col) -> str:
+    """N down, attention across: the mean of the point's ok rows, else its first row's status."""
+    atts, ns = list(dict.fromkeys(df.attention)), sorted(dict.fromkeys(df.n))
+    cells = pd.DataFrame("", index=pd.Index(ns, name="n"), columns=pd.Index(atts, name="attention"))
+    for (n, att), g in df.groupby(["n", "attention"], sort=False):
+        ok = g[g.status == "ok"]
+        cells.loc[n, att] = f"{ok[col].mean():.3g}" if len(ok) else str(g.status.iloc[0])
+    return cells.to_string()
+
+
+def backends(df) -> dict:
+    """{attention: 'name (why)', ...}: the kernels its rows ran on (rows from before the record:
+    none)."""
+    if "kernel_backend" not in df:
+        return {}
+    out = {}
+    for att, g in df.dropna(subset=["kernel_backend"]).groupby("attention", sort=False):
+        pairs = dict.fromkeys(zip(g.kernel_backend, g.get("kernel_backend_why", pd.Series("", index=g.index))))
+        out[att] = "; ".join(f"{b} ({w})" if isinstance(w, str) and w else str(b) for b, w in pairs)
+    return out
+
+
 def table(df) -> str:
-    def cells(col):
-        return [f"{v:.3g}" if s == "ok" else s for v, s in zip(df[col], df.status)]
-    df = df.assign(time=cells("time_per_sample_ms"), mem=cells("mem_per_sample_mb"),
-                   saved=cells("saved_per_sample_mb"))
-    pivot = {k: df.pivot_table(index="n", columns="attention", values=k, aggfunc="first", sort=False).to_string()
-             for k in ("time", "mem", "saved")}
-    return (f"time per sample (ms)\n{pivot['time']}\n\npeak memory per sample (MB)\n{pivot['mem']}\n\n"
-            f"kept for backward per sample (MB, exact: saved tensors' storages)\n{pivot['saved']}")
+    repeated = df[df.status == "ok"].groupby(["attention", "n"]).size().max() if (df.status == "ok").any() else 1
+    note = (f"(each value: the mean of the point's rows, up to {repeated}: seeds or repeated lengths)\n"
+            if repeated > 1 else "")
+    return (f"{note}time per sample (ms)\n{_pivot(df, 'time_per_sample_ms')}\n\n"
+            f"peak memory per sample (MB)\n{_pivot(df, 'mem_per_sample_mb')}\n\n"
+            f"kept for backward per sample (MB, exact: saved tensors' storages)\n{_pivot(df, 'saved_per_sample_mb')}")
 
 
-def aggregate(rows, out_dir) -> dict:
+def aggregate(rows, out_dir, publish: bool = True) -> dict:
     """CSV, plot, summary and printed table for a list of benchmark rows (also in the folder the
-    rows' `publish` names)."""
+    rows' `publish` names, through the guarded publish_folder, with the rows as benchmark_rows.jsonl;
+    publish=False: out_dir alone, as a sweep's job does)."""
     out_dir = Path(out_dir)
+    targets = output_dirs(rows, out_dir, RAW_NAME) if publish else [out_dir]  # refused before anything is written
     df = _frame(rows)
     summary = summarize(rows)
     lines = [table(df), ""]
     for name, s in summary["attentions"].items():
         slopes = ", ".join(f"{k} {v:.2f}" for k, v in s.items() if k.endswith(("_all", "_top3")) and v is not None)
+        seeds = f" (mean over {len(s['seeds'])} seeds)" if "seeds" in s else ""
         lines.append(f"{name}: largest N {s['largest_n']}"
                      + (f" ({s['first_failure']})" if "first_failure" in s else "")
-                     + (f"; slopes {slopes}" if slopes else ""))
+                     + (f"; slopes{seeds} {slopes}" if slopes else ""))
     for pair, c in summary["crossovers"].items():
         since = c["linear_faster_from_n"]
         lines.append(f"{pair}: linear faster from N={since} on" if since
                      else f"{pair}: linear never faster in this grid")
+    lines += [f"{att}: kernel {b}" for att, b in backends(df).items()]
     text = "\n".join(lines)
     print(text)
     pos = [v["linear_faster_from_n"] for v in summary["crossovers"].values() if v["linear_faster_from_n"]]
     summary["headline"] = float(min(pos)) if pos else float("nan")
-    publish = publish_folder(rows)
-    targets = [out_dir] + ([publish] if publish else [])
     for d in targets:
         atomic_write(d / "benchmark.csv", rows_to_csv(rows))
         atomic_write(d / "summary.json", json_text(summary, indent=2))

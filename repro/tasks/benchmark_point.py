@@ -1,8 +1,8 @@
 """One point of the Figure 1 benchmark: forward + backward of one attention layer on random
 input, timed and its peak memory measured.
 
-On CPU each point runs in a fresh process (`python -m repro.tasks.benchmark_point SPEC_JSON`,
-result as JSON on the last line of stdout), so its peak resident memory belongs
+On CPU each point runs in a fresh process (run_isolated: `python -m repro.tasks.benchmark_point
+SPEC_JSON`, result as JSON on the last line of stdout), so its peak resident memory belongs
 to that point alone. On CUDA it runs in-process with CUDA events and the caching allocator's
 peak counter.
 """
@@ -11,8 +11,11 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 PARENT_ENV = "REPRO_BENCHMARK_PARENT"  # the pid of the benchmark that started this point
 
@@ -39,9 +42,8 @@ from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from repro.cli.config import parse_dtype  # noqa: E402
-from repro.training.memory import saved_bytes  # noqa: E402
-
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "DefaultCPUAllocator")
+from repro.training.backends import layer_backend  # noqa: E402
+from repro.training.memory import out_of_memory, saved_bytes  # noqa: E402
 
 
 def _proc_status_kb(field: str) -> int:
@@ -71,7 +73,8 @@ def _prepare_rss_measure() -> str:
 
 def measure(spec: dict) -> dict:
     """Spec: attention (config dict), d_model, n_heads, n, batch, causal, dtype, device,
-    warmup, repeats, time_budget_s, seed. Returns the metrics and a status.
+    warmup, repeats, time_budget_s, seed. Returns the metrics, a status and the kernel the layer
+    runs on (repro.training.backends; a timeout row names it too).
 
     Time: median over the timed passes after warm-up. Memory: the peak of more passes (up to
     `repeats`, as the budget allows; median, min and max), each beyond what was allocated
@@ -90,6 +93,7 @@ def measure(spec: dict) -> dict:
     layer = instantiate(OmegaConf.create(spec["attention"]))(d_model=spec["d_model"], n_heads=spec["n_heads"])
     layer = layer.to(device=device, dtype=dtype)
     b, n = spec["batch"], spec["n"]
+    backend = layer_backend(layer, b, n, dtype, device, spec["causal"])
     x = torch.randn(b, n, spec["d_model"], device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
 
@@ -114,10 +118,10 @@ def measure(spec: dict) -> dict:
     for _ in range(spec["warmup"]):
         t_warm = one_pass()
         if time.perf_counter() - began > budget:
-            return {"status": "timeout", "reason": f"a warm-up pass took {t_warm:.1f} s; budget {budget} s"}
+            return {"status": "timeout", "reason": f"a warm-up pass took {t_warm:.1f} s; budget {budget} s", **backend}
     times = [one_pass()]  # at least one timed pass, then as many more as the budget allows
     if time.perf_counter() - began > budget:
-        return {"status": "timeout", "reason": f"one pass took {times[0]:.1f} s; budget {budget} s"}
+        return {"status": "timeout", "reason": f"one pass took {times[0]:.1f} s; budget {budget} s", **backend}
     # A measured point stays measured: repeats that would overrun the budget are dropped (the
     # row says how many were timed) instead of turning the point into a timeout.
     while len(times) < spec["repeats"] and time.perf_counter() - began + times[0] <= budget:
@@ -149,7 +153,7 @@ def measure(spec: dict) -> dict:
             "peak_mem_mb": peak / 2**20, "mem_per_sample_mb": peak / 2**20 / b,
             "mem_per_sample_min_mb": min(peaks) / 2**20 / b, "mem_per_sample_max_mb": max(peaks) / 2**20 / b,
             "mem_repeats": len(peaks), "saved_mb": saved / 2**20, "saved_per_sample_mb": saved / 2**20 / b,
-            "repeats": len(times), "mem_method": mem_method}
+            "repeats": len(times), "mem_method": mem_method, **backend}
 
 
 def measure_safely(spec: dict) -> dict:
@@ -157,13 +161,52 @@ def measure_safely(spec: dict) -> dict:
     try:
         return measure(spec)
     except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
-        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(m in msg for m in OOM_MARKERS):
-            return {"status": "oom", "reason": msg[:200]}
+        if (reason := out_of_memory(err)) is not None:
+            return {"status": "oom", "reason": reason}
         raise
     finally:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def run_isolated(spec: dict, memory_limit: float, timeout: float) -> dict:
+    """measure() in a fresh Python process, killed when it passes the memory limit (an 'oom'
+    row, before the kernel's OOM killer hits the machine) or the time limit."""
+    import psutil
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        # The point dies with this process: killed here on any exception (Ctrl-C), and by the
+        # kernel when this process is killed outright (die_with_parent).
+        proc = subprocess.Popen([sys.executable, "-m", "repro.tasks.benchmark_point", json.dumps(spec)],
+                                cwd=Path(__file__).resolve().parents[2], stdout=out, stderr=err, text=True,
+                                env={**os.environ, PARENT_ENV: str(os.getpid())})
+        try:
+            ps, began, killed = psutil.Process(proc.pid), time.monotonic(), None
+            while proc.poll() is None:
+                try:
+                    rss = ps.memory_info().rss
+                except psutil.NoSuchProcess:
+                    break
+                if rss > memory_limit:
+                    killed = {"status": "oom",
+                              "reason": f"resident memory passed the limit of {memory_limit / 2**30:.1f} GiB"}
+                elif time.monotonic() - began > timeout:
+                    killed = {"status": "timeout", "reason": f"still running after {timeout:.0f} s"}
+                if killed:
+                    return killed
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().strip(), err.read().strip()
+    if proc.returncode == 0 and stdout:
+        return json.loads(stdout.splitlines()[-1])
+    if proc.returncode in (-9, 137):
+        return {"status": "oom", "reason": "killed by the operating system (out of memory)"}
+    last = (stderr.splitlines() or ["no output"])[-1]
+    return {"status": "error", "reason": f"exit {proc.returncode}: {last[:200]}"}
 
 
 if __name__ == "__main__":

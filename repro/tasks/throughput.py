@@ -15,10 +15,18 @@ compile time is its own column). Mode `floor` runs no model: it times the matrix
 one step alone (every weight matrix read once, as every generated token must) and multiplies by
 the image's length, the floor under any step at batch 1, where reading the weights from memory
 is the cost.
+
+A method whose least memory (weights, and its state, key/value cache or re-run activations: see
+needed_bytes) passes the limit (+task.memory_limit_gb, else 80% of the memory free) is an 'oom'
+row before it allocates; inside, the process is capped at the limit (repro.training.memory), so
+an allocation past it is an 'oom' row too, and the next method runs. Every row names the kernel
+its attention ran on (repro.training.backends).
 """
 import contextlib
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -28,18 +36,30 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from repro.cli.config import ConfigError, building_from_config, compose_group, parse_device, parse_dtype, run_dir
+from repro.attention.linear import LinearAttention
+from repro.cli.config import (
+    ConfigError,
+    building_from_config,
+    compose_group,
+    in_multirun,
+    parse_device,
+    parse_dtype,
+    run_dir,
+)
 from repro.common import paper
-from repro.common.results import atomic_write, provenance, publish_folder, rows_to_csv, write_jsonl
+from repro.common.results import atomic_write, check_publish, output_dirs, provenance, rows_to_csv, write_jsonl
 from repro.models import logistic_mixture as dmol
 from repro.models.generate import MODES, StepProjections, compile_step, generate
 from repro.models.pixels import IMAGE_SHAPES, PixelTransformer
+from repro.training.backends import layer_backend, model_attention, note_fallback, step_backend
 from repro.training.loop import compile_backends
+from repro.training.memory import memory_cap, memory_limit, out_of_memory, over_limit
 from repro.training.threads import set_threads
 
 TASK_MODES = MODES + ("floor",)
 
 LAYERS = {"mnist": 8, "cifar": 16}  # the paper's depths; the layer itself comes from `model`
+RAW_NAME = "throughput_rows.jsonl"  # the rows, beside the aggregate in a publish folder
 
 
 class _OverBudget(Exception):
@@ -151,10 +171,52 @@ def compile_generation(model, backend, length, batch, device, sample_fn=dmol.sam
     return time.perf_counter() - began
 
 
+def needed_bytes(model, mode, batch, length) -> float:
+    """What a generation must hold at least, before it allocates any of it: the weights, and the
+    state a step carries (linear: S and Z per layer; a key/value cache: keys and values of every
+    position), or a re-run's widest activation (the whole prefix through one layer)."""
+    el = next(model.parameters()).element_size()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    att, layers = model_attention(model), len(model.encoder.layers)
+    d_ff = model.encoder.layers[0].linear1.out_features
+    if mode == "floor":  # one input row per batch entry for each width of matrix
+        return weights + batch * (att.d_model + d_ff) * el
+    if mode == "recurrent" and isinstance(att, LinearAttention):
+        return weights + layers * batch * att.n_heads * att.d_keys * (att.d_values + 1) * max(el, 4)
+    if mode == "recurrent":
+        return weights + layers * 2 * batch * length * att.n_heads * att.d_values * el
+    return weights + batch * length * (8 + 2 * d_ff * el)  # the tokens, and one layer's widest activation twice
+
+
+def kernel_fields(model, mode, backend, batch, length, dtype, device) -> dict:
+    """The kernel a method's attention runs on (repro.training.backends)."""
+    if mode == "floor":
+        return {"kernel_backend": "torch", "kernel_backend_why": "matrix products alone (no attention)",
+                "kernel_fallback": False}
+    att = model_attention(model)
+    if mode == "recurrent":
+        fields = step_backend(att, batch, dtype, device)
+        if backend:
+            fields["kernel_backend_why"] += f"; the step compiled by torch.compile ({backend})"
+        return fields
+    return layer_backend(att, batch, length, dtype, device, causal=True, grad=False)
+
+
+def _nonempty(t, key, example):
+    value = t.get(key)
+    if value is None or len(value) == 0:
+        raise ConfigError(f"task.{key} is empty; give at least one, e.g. task.{key}={example}")
+    return list(value)
+
+
 def run(cfg) -> float:
     t = cfg.task
     device, dtype = parse_device(cfg.device), parse_dtype(t.dtype)
-    unknown = [s for s in t.sizes if s not in LAYERS]
+    sizes = _nonempty(t, "sizes", "[mnist]")
+    batches = _nonempty(t, "batches", "[1,10]")
+    if bad := [b for b in batches if not isinstance(b, int) or isinstance(b, bool) or b < 1]:
+        raise ConfigError(f"task.batches: {bad} not positive integers; give batch sizes, e.g. task.batches=[1,10]")
+    unknown = [s for s in sizes if s not in LAYERS]
     if unknown:
         raise ConfigError(f"task.sizes: unknown {unknown}; valid: {', '.join(LAYERS)}")
     chosen_labels = t.get("run_methods")  # a preset names a subset: it cannot delete keys of task.methods
@@ -174,9 +236,17 @@ def run(cfg) -> float:
             raise ConfigError(f"task.methods.{label}.compile={backend!r}; valid: {', '.join(valid)}")
         methods[label] = (m.attention, m.mode, compose_group("attention", m.attention), m.get("settings") or {},
                           backend)
+    if not methods:
+        raise ConfigError(f"no method to run (task.methods: {list(t.methods)}, task.run_methods: {chosen_labels}); "
+                          f"name at least one, e.g. task.run_methods=[linear]")
     set_threads(t.get("threads", "auto"), device, "task.threads")
+    limit = memory_limit(t.get("memory_limit_gb"))
+    publishing = {"task": "throughput", "publish": t.get("publish"), "publish_replace": bool(t.get("publish_replace"))}
+    jobs = [(s, label, b) for s in sizes for label in methods for b in batches]
+    if not in_multirun():  # the publish folder must take these rows: asked before the first generation
+        check_publish([{**publishing, "size": s, "method": label, "attention": methods[label][0], "batch": b,
+                        "seed": cfg.seed} for s, label, b in jobs], RAW_NAME)
     out, meta, rows = run_dir(cfg), provenance(device), []
-    jobs = [(s, label, b) for s in t.sizes for label in methods for b in t.batches]
     for size, label, batch in tqdm(jobs, desc="throughput", unit="run"):
         att_name, mode, att_cfg, settings, backend = methods[label]
         att_cfg = att_cfg.copy()
@@ -192,39 +262,76 @@ def run(cfg) -> float:
                                      norm_first=cfg.model.norm_first)
         model = model.to(device=device, dtype=dtype).eval()
         length = int(np.prod(IMAGE_SHAPES[size]))
+        kernel = kernel_fields(model, mode, backend, batch, length, dtype, device)
+        note_fallback(label, kernel)
+        # past the limit: refused before allocating, or an allocation fails inside the cap (an 'oom'
+        # row and the next method, never the operating system's OOM killer)
+        result = over_limit(needed_bytes(model, mode, batch, length), limit, f"{label} at batch {batch}")
         try:
-            extra = ({"compile": backend, "compile_s": compile_generation(model, backend, length, batch, device)}
-                     if backend else {})
-            load = os.getloadavg()[0]
-            if mode == "floor":
-                total, measured, extrapolated, cpu, extra["weights_gb_per_s"] = time_floor(model, length, batch, device)
-            else:
-                # a compiled step must not recompile (or fall back to eager) while it is timed
-                with torch.compiler.set_stance("fail_on_recompile") if backend else contextlib.nullcontext():
-                    total, measured, extrapolated, cpu = time_generation(model, length, batch, mode, t.time_budget_s,
-                                                                          device, t.probes)
-            result = {"status": "ok", **extra, "seconds": total, "seconds_per_image": total / batch,
-                      "images_per_s": batch / total, "cpu_seconds_per_image": cpu / batch,
-                      "positions_measured": measured, "extrapolated": extrapolated,
-                      "loadavg_1min_start": load, "loadavg_1min_end": os.getloadavg()[0]}
-        except NotImplementedError as err:  # no recurrent form
-            result = {"status": "error", "reason": str(err)}
-        except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor without a C++ compiler
-            cause = getattr(err, "inner_exception", err)
-            result = {"status": "error",
-                      "reason": f"compile={backend}: {type(cause).__name__}: {cause}".splitlines()[0]}
-        rows.append({"task": "throughput", "publish": t.get("publish"),
-                     "size": size, "method": label, "attention": att_name, "mode": mode,
+            if result is None:
+                _warm_up(model, mode, device)
+                with memory_cap(limit, device):
+                    result = _measure(model, mode, backend, t, length, batch, device)
+        except (RuntimeError, MemoryError) as err:
+            if (reason := out_of_memory(err)) is None:
+                raise
+            result = {"status": "oom", "reason": reason}
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if result["status"] == "oom":
+            tqdm.write(f"{label} ({size}, batch {batch}): oom: {result['reason']}", file=sys.stderr)
+        rows.append({"task": "throughput", "size": size, "method": label, "attention": att_name, "mode": mode,
                      "attention_settings": chosen, "batch": batch, "length": length, "n_layers": LAYERS[size],
                      "dtype": t.dtype, "device_type": device.type,
-                     "threads": torch.get_num_threads(), "seed": cfg.seed, **result, **meta})
+                     "threads": torch.get_num_threads(), "seed": cfg.seed, **result, **kernel, **meta, **publishing})
         write_jsonl(out / "results.jsonl", rows)
-    return aggregate(rows, out)
+    return aggregate(rows, out, publish=not in_multirun())
 
 
-def aggregate(rows, out_dir) -> float:
+def _warm_up(model, mode, device):
+    """Three tokens of one image outside the memory cap, so that the generation's lazy imports
+    happen here (an import failing half-way under the cap would break its module)."""
+    if mode != "floor":
+        with contextlib.suppress(NotImplementedError):  # no recurrent form: _measure says so
+            generate(model, torch.zeros(1, 1, dtype=torch.long, device=device), 3, dmol.sample, mode=mode)
+
+
+def _measure(model, mode, backend, t, length, batch, device) -> dict:
+    """One method at one size and batch: its row's metrics (status ok or error)."""
+    try:
+        extra = ({"compile": backend, "compile_s": compile_generation(model, backend, length, batch, device)}
+                 if backend else {})
+        load = os.getloadavg()[0]
+        if mode == "floor":
+            total, measured, extrapolated, cpu, extra["weights_gb_per_s"] = time_floor(model, length, batch, device)
+        else:
+            # a compiled step must not recompile (or fall back to eager) while it is timed
+            with torch.compiler.set_stance("fail_on_recompile") if backend else contextlib.nullcontext():
+                total, measured, extrapolated, cpu = time_generation(model, length, batch, mode, t.time_budget_s,
+                                                                      device, t.probes)
+        return {"status": "ok", **extra, "seconds": total, "seconds_per_image": total / batch,
+                "images_per_s": batch / total, "cpu_seconds_per_image": cpu / batch,
+                "positions_measured": measured, "extrapolated": extrapolated,
+                "loadavg_1min_start": load, "loadavg_1min_end": os.getloadavg()[0]}
+    except NotImplementedError as err:  # no recurrent form
+        return {"status": "error", "reason": str(err)}
+    except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor without a C++ compiler
+        cause = getattr(err, "inner_exception", err)
+        if (reason := out_of_memory(cause)) is not None:
+            return {"status": "oom", "reason": reason}
+        return {"status": "error", "reason": f"compile={backend}: {type(cause).__name__}: {cause}".splitlines()[0]}
+
+
+def aggregate(rows, out_dir, publish: bool = True) -> float:
+    """throughput.csv and throughput.txt (the tables, with the kernel each method ran on) in out_dir
+    and, through the guarded publish_folder, in the rows' publish folder (publish=False: out_dir
+    alone, as a sweep's job does)."""
+    targets = output_dirs(rows, out_dir, RAW_NAME) if publish else [Path(out_dir)]  # refused before any write
     df = pd.DataFrame([r for r in rows if r["status"] == "ok"])
     lines = []
+    if df.empty:  # every method failed (oom, error): the reasons below are the table
+        df = pd.DataFrame(columns=["size", "method", "seconds_per_image"])
     device_is_cpu = "cpu_seconds_per_image" in df and (df.get("device_type", pd.Series(["cpu"])) == "cpu").all()
     for size, g in df.groupby("size", sort=False):
         table = []
@@ -255,15 +362,19 @@ def aggregate(rows, out_dir) -> float:
                 if "compile" in m and isinstance(m["compile"].iloc[0], str):
                     row["compile s"] = f"{m.compile_s.max():.3g}"
             row["paper CPU s/image @1"] = paper.paper_cpu_seconds_per_image(size, method) or ""
+            if "kernel_backend" in m and isinstance(m.kernel_backend.iloc[0], str):
+                row["kernel"] = m.kernel_backend.iloc[0]
             table.append(row)
         lines += [f"{size} ({int(g.length.iloc[0])} values, {int(g.n_layers.iloc[0])} layers, "
                   f"{g.dtype.iloc[0]}, {g.device.iloc[0]})", pd.DataFrame(table).fillna("").to_string(index=False), ""]
     lines += [f"{r['method']} ({r['size']}, batch {r['batch']}): not measured: {r['reason']}"
               for r in rows if r["status"] != "ok"]
+    kernels = {(r["method"], r.get("kernel_backend"), r.get("kernel_backend_why")) for r in rows
+               if r.get("kernel_backend")}
+    lines += [f"{method}: kernel {name} ({why})" for method, name, why in sorted(kernels, key=str)]
     text = "\n".join(lines)
     print(text)
-    publish = publish_folder(rows)
-    for d in [out_dir] + ([publish] if publish else []):
+    for d in targets:
         atomic_write(d / "throughput.csv", rows_to_csv(rows))
         atomic_write(d / "throughput.txt", text)
     lin = df[(df.method == "linear")].seconds_per_image

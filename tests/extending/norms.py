@@ -1,15 +1,13 @@
 """task=norms, docs/extending.md's example task: the output norm of one attention layer on random
 input at a few lengths; a row per length, and a table over a sweep's rows. Copied to
 repro/tasks/norms.py by tests/test_extending.py."""
-from pathlib import Path
-
 import pandas as pd
 import torch
 from hydra.utils import instantiate
 
 from repro.cli.attention import attention_name
 from repro.cli.config import in_multirun, parse_device, run_dir
-from repro.common.results import atomic_write, provenance, publish_folder, rows_to_csv, write_jsonl
+from repro.common.results import atomic_write, output_dirs, provenance, rows_to_csv, write_jsonl
 
 
 def run(cfg) -> float:
@@ -29,9 +27,10 @@ def run(cfg) -> float:
 
 
 def aggregate(rows, out_dir) -> float:
-    """norms.csv (in the run or sweep dir, and in the rows' publish folder) and a printed table."""
+    """norms.csv (in the run or sweep dir, and in the rows' publish folder, through the guarded
+    output_dirs: the rows beside it as norms_rows.jsonl) and a printed table."""
     df = pd.DataFrame(rows)
     print(df.pivot_table(index="n", columns="attention", values="output_norm").to_string())
-    for folder in filter(None, [Path(out_dir), publish_folder(rows)]):
+    for folder in output_dirs(rows, out_dir, "norms_rows.jsonl"):
         atomic_write(folder / "norms.csv", rows_to_csv(rows))
     return float(df.output_norm.mean())
