@@ -70,9 +70,13 @@ def test_another_tasks_raw_rows_and_unreadable_raw_rows_protect_the_folder(tmp_p
     (folder / "copy_rows.jsonl").write_text('{"task": "copy"}\n{"torn')
     with pytest.raises(ConfigError, match="raw rows copy_rows.jsonl cannot be read"):
         results.output_dirs(_rows(folder), tmp_path / "run", "copy_rows.jsonl")
-    (folder / "copy_rows.jsonl").unlink()  # command.txt alone: a file of another run too
-    with pytest.raises(ConfigError, match="no raw rows"):
+    (folder / "copy_rows.jsonl").unlink()
+    (folder / "notes.txt").write_text("a file no raw rows account for\n")
+    with pytest.raises(ConfigError, match="holds files of another run \\(notes.txt\\) and no raw rows"):
         results.output_dirs(_rows(folder), tmp_path / "run", "copy_rows.jsonl")
+    (folder / "notes.txt").unlink()  # command.txt and sub-folders alone (a GPU step's, before its jobs): open
+    (folder / "jobs").mkdir()
+    assert results.output_dirs(_rows(folder), tmp_path / "run", "copy_rows.jsonl")[1] == folder
 
 
 # ----------------------------------------------------------------------------- every task's aggregate

@@ -97,18 +97,21 @@ def publish_target(rows) -> Path | None:
 
 def check_publish(rows, raw_name: str | None = None) -> Path | None:
     """The rows' publish folder, or None; a ConfigError (one line naming the folder and the option)
-    when publishing them would replace another run's rows or files. A folder is open when it is
-    missing or empty, when every raw-rows file in it (raw_name, *_rows.jsonl) holds only runs these
-    rows hold too (the same sweep again, or more of it), or when the rows carry publish_replace
-    (task.publish_replace=true). A folder with files but no raw rows cannot say whose they are:
-    closed (the committed results made before raw rows were published hold none)."""
+    when publishing them would replace another run's rows or files. A folder is open when it holds
+    no file (sub-folders aside, and command.txt, the record every publish rewrites: a GPU step
+    writes its commands there before its jobs publish), when every raw-rows file in it (raw_name,
+    *_rows.jsonl) holds only runs these rows hold too (the same sweep again, or more of it), or
+    when the rows carry publish_replace (task.publish_replace=true). A folder with files but no
+    raw rows cannot say whose they are: closed (the committed results made before raw rows were
+    published hold none)."""
     folder = publish_target(rows)
     if folder is None or any(r.get("publish_replace") is True for r in rows):
         return folder
     where, opt = f"{_OPTIONS['folder']}={_shown(folder)}", _OPTIONS["replace"]
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{where}: a file, not a folder; publish into a folder")
-    held = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
+    held = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+                  and p.name != "command.txt") if folder.is_dir() else []
     if not held:
         return folder
     raws = sorted(p for p in {*folder.glob(RAW_ROWS), *([folder / raw_name] if raw_name else [])} if p.is_file())
