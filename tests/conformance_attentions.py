@@ -4,6 +4,7 @@ it), and torch's own nn.MultiheadAttention behind the suite's call (not an Atten
 tests/test_conformance.py also copies this file into a temporary package, a user's, to run
 them as attention=custom."""
 import math
+import sys
 
 import torch
 from torch import nn
@@ -98,6 +99,61 @@ class DrawsEachCall(Plain):
     def attend(self, q, k, v, causal, key_padding_mask):
         t = 1 + 0.5 * torch.rand((), dtype=q.dtype, device=q.device)
         return super().attend(q * t, k, v, causal, key_padding_mask)
+
+
+class LeaksInTraining(Plain):
+    """causality, in train mode only: the mask is dropped while training (eval mode alone passes it)."""
+
+    def attend(self, q, k, v, causal, key_padding_mask):
+        return super().attend(q, k, v, causal and not self.training, key_padding_mask)
+
+
+class LeaksFrom64(Plain):
+    """causality, past 64 tokens only: from position 64 on a query also sees the next token (a
+    fault at a block boundary); 37 tokens, the check's former length, never reach it. Its step
+    stays causal."""
+
+    def allowed(self, n, causal, key_padding_mask, device):
+        keep = super().allowed(n, causal, key_padding_mask, device)
+        i = torch.arange(n, device=device)
+        return keep | ((i[:, None] >= 64) & (i[None, :] == i[:, None] + 1)) if causal else keep
+
+
+class MixesBatch(Plain):
+    """batch independence: every sequence also gets the first one's output (a state shared
+    across the batch), in the step too; the first sequence is the whole one of the padding
+    check, so padding invariance holds."""
+
+    def attend(self, q, k, v, causal, key_padding_mask):
+        y = super().attend(q, k, v, causal, key_padding_mask)
+        return y + 0.5 * y[:1]
+
+    def attend_step(self, q, k, v, state):
+        y, state = super().attend_step(q, k, v, state)
+        return y + 0.5 * y[:1], state
+
+
+class ExitsInForward(Plain):
+    """interface: its forward ends the program (sys.exit(0), a script's habit)."""
+
+    def forward(self, x, causal=False, key_padding_mask=None):
+        sys.exit(0)
+
+
+class ExitsInTraining(Plain):
+    """repeatable and every check after it: sys.exit(0) in a training forward only."""
+
+    def forward(self, x, causal=False, key_padding_mask=None):
+        if self.training:
+            sys.exit(0)
+        return super().forward(x, causal, key_padding_mask)
+
+
+class ExitsWhenBuilt(Plain):
+    """interface: its constructor ends the program."""
+
+    def __init__(self, d_model, n_heads):
+        sys.exit(3)
 
 
 class WrongShape(Plain):

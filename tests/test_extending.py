@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from repro.attention.conformance import PROPERTIES
+
 REPO = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).resolve().parent / "extending"
 PAGE = REPO / "docs" / "extending.md"
@@ -67,7 +69,7 @@ def test_an_attention_a_task_and_a_report_table_added_as_documented_run_end_to_e
     check, copy = user_commands()
     out = run(*check)
     shown = re.search(r"```\n(attention +property.*?)```", PAGE.read_text(), re.S)[1].splitlines()[1:]
-    assert len(shown) == 7
+    assert [re.split(r" {2,}", line)[1] for line in shown] == list(PROPERTIES)  # every property, in order
     for line in shown:  # each property with its result, as the page shows it
         attention, prop, result = re.split(r" {2,}", line)[:3]
         assert re.search(rf"^{attention} +{re.escape(prop)} +{result} ", out, re.M), line

@@ -81,3 +81,9 @@ class AttentionLayer(nn.Module):
                                     v.unflatten(-1, (self.n_heads, self.d_values)), state)  # (B, H, M)
         y = y.flatten(-2)  # (B, H M)
         return (self.out_proj(y) if fast is None else fast.out(y)), state
+
+
+def is_recurrent(layer) -> bool:
+    """Has this attention a recurrent form (`y_t, state = layer.step(x_t, state)`)? An
+    AttentionLayer says so (`recurrent`); any other nn.Module, by having a `step`."""
+    return bool(getattr(layer, "recurrent", callable(getattr(layer, "step", None))))

@@ -1,30 +1,40 @@
 """Does an attention behave as the suite expects? The checks behind task=conformance, for the
 suite's attentions and a user's class alike, on small random inputs in float64 and float32.
 
-Every layer is checked in eval mode (no dropout, no redrawing of LSH planes or random
-features) and every call runs under the same fixed seed, so an attention that still draws
-random numbers inside its forward (LSH with redraw: always) draws the same ones in each of the
-calls a comparison makes; `repeatable` checks that this made its calls reproducible. The
-float32 and float64 layers are copies of one layer, so they hold the same weights and the
-same random features.
+The comparisons run in eval mode and again in train mode, on a copy whose dropout is set to 0
+(every torch Dropout module and every float attribute named like one): what training runs must
+conform too. Every call runs under the same fixed seed (torch's, numpy's and Python's), so an
+attention that draws random numbers inside its forward (LSH redraws its planes in every
+training call, and with redraw=always in eval too) draws the same ones in each of the calls a
+comparison makes; `repeatable` checks that this made its calls reproducible, and names an
+attention that is random by design in training. The float32 and float64 layers are copies of
+one layer, so they hold the same weights and the same random features. The default length,
+131 tokens, runs past the block sizes the attentions cut a sequence into (32, 64, 128), so a
+fault that starts at a later block is seen.
+
+Whatever the attention raises inside a check (a SystemExit too: every BaseException but
+KeyboardInterrupt) fails that check, naming it; the table is always complete. How a layer is
+called (the contract, the seed, dropout to 0): repro.attention.contract; the checks that change
+part of the input (causality, padding invariance, batch independence): repro.attention.invariance.
 """
 import contextlib
 import copy
-import inspect
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
-from torch import nn
 
-from repro.attention.base import AttentionLayer
+from repro.attention.base import AttentionLayer, is_recurrent
+from repro.attention.contract import call, contract_gap, describe, drew, rng_states, zero_dropout
+from repro.attention.invariance import EXACT, Check, Invariances, dtype_name, form_name, magnitude, rel, tolerances
 from repro.common.errors import ConfigError
 
-PROPERTIES = ("interface", "repeatable", "causality", "padding invariance", "recurrent == parallel",
-              "float32 == float64", "gradients")
-# Largest deviation allowed, relative to the largest |output| (or |gradient|) of the compared call.
-# Causality and padding: what cannot depend on the changed input must not move beyond rounding.
-EXACT = {torch.float64: 1e-10, torch.float32: 1e-5}
+PROPERTIES = ("interface", "repeatable", "causality", "padding invariance", "batch independence",
+              "recurrent == parallel", "float32 == float64", "gradients")
+LENGTH = 131  # tokens: past two blocks of 64 and one of 128, and a prime (no chunk size divides it)
+MODES = ("eval", "train")
+DTYPES = (torch.float64, torch.float32)
+# Largest deviation allowed, relative to the largest |output| (or |gradient|) of the compared call
+# (what may not move at all: repro.attention.invariance.EXACT).
 # The step against the causal forward: two algorithms, so rounding of each.
 RECURRENT = {torch.float64: 1e-8, torch.float32: 1e-4}
 # float32 against float64, outputs and every gradient (a gradient's error relative to the larger
@@ -34,13 +44,6 @@ FP32_FORWARD, FP32_BACKWARD = 1e-4, 1e-3
 # A gradient whose largest entry is below this fraction of the layer's largest is rounding: the
 # attention is invariant to that parameter (softmax to the key bias), reported, not failed.
 ROUNDING = 1e-10
-
-
-@dataclass
-class Check:
-    property: str
-    result: str  # pass | fail | skip | not run
-    detail: str
 
 
 def _refusal(err) -> bool:
@@ -54,20 +57,10 @@ def _line(err) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[-1]
 
 
-def _rel(a, b, scale) -> float:
-    """max |a - b| / scale, in float64 (0 when both are all zeros)."""
-    diff = (a.detach().double() - b.detach().double()).abs().max().item() if a.numel() else 0.0
-    return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
-
-
-def _scale(t) -> float:
-    return t.detach().double().abs().max().item() if t.numel() else 0.0
-
-
-class Conformance:
+class Conformance(Invariances):
     """check() -> [Check] for the layer that `factory(d_model=..., n_heads=...)` builds."""
 
-    def __init__(self, factory, d_model: int, n_heads: int, batch: int = 3, length: int = 37, seed: int = 0,
+    def __init__(self, factory, d_model: int, n_heads: int, batch: int = 3, length: int = LENGTH, seed: int = 0,
                  device: torch.device | str = "cpu"):
         if batch < 2 or length < 4:
             raise ConfigError(f"conformance: batch={batch}, length={length}: need batch >= 2 (a padded and an "
@@ -83,14 +76,15 @@ class Conformance:
         return torch.randn(*shape, generator=self.gen).to(self.device, dtype)
 
     def _call(self, fn):
-        """fn() under the fixed seed: the layer's random draws, if any, are the same every call."""
-        cuda = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(self.seed)
-            return fn()
+        return call(fn, self.seed, self.device)
 
     def forward(self, layer, x, causal, mask=None):
         return self._call(lambda: layer(x, causal=causal, key_padding_mask=mask))
+
+    def _grad(self, out, inputs, retain_graph=False, allow_unused=False):
+        """torch.autograd.grad as a check calls it: the attention's backward is its code too."""
+        return self._call(lambda: torch.autograd.grad(out, inputs, retain_graph=retain_graph,
+                                                      allow_unused=allow_unused))
 
     def steps(self, layer, x):
         def run():
@@ -107,32 +101,50 @@ class Conformance:
         lengths = [n] + [max(1, n * (self.batch - i) // (self.batch + 1)) for i in range(1, self.batch)]
         return torch.arange(n, device=self.device)[None, :] >= torch.tensor(lengths, device=self.device)[:, None]
 
+    def _runs(self):
+        """(mode, dtype, layer, where) of every comparison: eval and train mode, float64 and float32."""
+        return [(mode, dt, (self.layers if mode == "eval" else self.trained)[dt], f"{dtype_name(dt)}, {mode} mode")
+                for mode in MODES for dt in DTYPES]
+
     # ------------------------------------------------------------------ the checks
 
     def check(self) -> list[Check]:
-        torch.manual_seed(self.seed)
-        self.layer = self.factory(d_model=self.d_model, n_heads=self.n_heads)
         with _full_float32():
-            out = [self.interface()]
+            try:
+                self.layer = self._call(lambda: self.factory(d_model=self.d_model, n_heads=self.n_heads))
+            except ConfigError:
+                raise  # a setting of the config: one line from the run, not a row
+            except Exception as err:  # noqa: BLE001
+                out = [Check("interface", "fail", f"building it as the model does, Class(d_model={self.d_model}, "
+                                                  f"n_heads={self.n_heads}): {describe(err)}")]
+            else:
+                out = [self._run("interface", self.interface)]
             if out[0].result == "fail":
                 return out + [Check(p, "not run", "the interface failed") for p in PROPERTIES[1:]]
-            return out + [self.repeatable(), self.causality(), self.padding(), self.recurrent(), self.precision(),
-                          self.gradients()]
+            return out + [self._run(p, fn) for p, fn in (
+                ("repeatable", self.repeatable), ("causality", self.causality), ("padding invariance", self.padding),
+                ("batch independence", self.batch_independence), ("recurrent == parallel", self.recurrent),
+                ("float32 == float64", self.precision), ("gradients", self.gradients))]
+
+    @staticmethod
+    def _run(prop, fn) -> Check:
+        """One check; whatever a call it makes raises fails it, in one line."""
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001
+            return Check(prop, "fail", f"raised {describe(err)}")
 
     def interface(self) -> Check:
         layer = self.layer
-        if not isinstance(layer, nn.Module):
-            return Check("interface", "fail", f"built a {type(layer).__name__}, not a torch.nn.Module")
-        if isinstance(layer, AttentionLayer):
-            kind = "an AttentionLayer"
-        else:
-            params = inspect.signature(layer.forward).parameters
-            missing = [p for p in ("causal", "key_padding_mask") if p not in params]
-            if missing:
-                return Check("interface", "fail", f"{type(layer).__name__}.forward takes no {', '.join(missing)}: "
-                                                  f"forward(x, causal=..., key_padding_mask=...) is the call")
-            kind = "not an AttentionLayer, same call"
-        self.layers = {dt: copy.deepcopy(layer).to(self.device, dt).eval() for dt in (torch.float64, torch.float32)}
+        gap = contract_gap(layer)
+        if gap:
+            return Check("interface", "fail", gap)
+        kind = "an AttentionLayer" if isinstance(layer, AttentionLayer) else "not an AttentionLayer, same call"
+        # copies made before any call: the train-mode ones start from the same weights and draws
+        self.layers = {dt: copy.deepcopy(layer).to(self.device, dt).eval() for dt in DTYPES}
+        self.trained = {dt: copy.deepcopy(layer).to(self.device, dt).train() for dt in DTYPES}
+        self.dropouts = zero_dropout(self.trained[torch.float64])
+        zero_dropout(self.trained[torch.float32])
         self.forms, self.refused = [], {}
         for dtype, layer in self.layers.items():
             x = self._randn(self.batch, self.length, self.d_model, dtype=dtype)
@@ -141,34 +153,32 @@ class Conformance:
                     y = self.forward(layer, x, causal)
                 except Exception as err:  # noqa: BLE001 (a refusal is an answer; anything else fails the check)
                     if not _refusal(err):
-                        return Check("interface", "fail", f"forward(causal={causal}) in {_name(dtype)}: "
-                                                          f"{type(err).__name__}: {_line(err)}")
+                        return Check("interface", "fail", f"forward(causal={causal}) in {dtype_name(dtype)}: "
+                                                          f"{describe(err)}")
                     self.refused[causal] = _line(err)
                     continue
                 bad = self._bad_output(y, x, (self.batch, self.length, self.d_model))
                 if bad:
-                    return Check("interface", "fail", f"forward(causal={causal}) in {_name(dtype)}: {bad}")
+                    return Check("interface", "fail", f"forward(causal={causal}) in {dtype_name(dtype)}: {bad}")
                 if dtype == torch.float64:
                     self.forms.append(causal)
         if not self.forms:
             return Check("interface", "fail", f"neither form runs: {self.refused[True]}; {self.refused[False]}")
         # an AttentionLayer says `recurrent` (its base has a step that refuses); another class, by having a step
-        self.has_step = bool(getattr(self.layer, "recurrent", not isinstance(self.layer, AttentionLayer)
-                                     and callable(getattr(self.layer, "step", None))))
+        self.has_step = is_recurrent(self.layer)
         if self.has_step:
             for dtype, layer in self.layers.items():
                 x = self._randn(self.batch, self.d_model, dtype=dtype)
                 try:
                     got = self._call(lambda layer=layer, x=x: layer.step(x, None))
                 except Exception as err:  # noqa: BLE001
-                    return Check("interface", "fail", f"step(x_t, None) in {_name(dtype)}: "
-                                                      f"{type(err).__name__}: {_line(err)}")
+                    return Check("interface", "fail", f"step(x_t, None) in {dtype_name(dtype)}: {describe(err)}")
                 if not (isinstance(got, tuple) and len(got) == 2):
                     return Check("interface", "fail", "step(x_t, state) must return (y_t, state)")
                 bad = self._bad_output(got[0], x, (self.batch, self.d_model))
                 if bad:
-                    return Check("interface", "fail", f"step in {_name(dtype)}: {bad}")
-        forms = " and ".join(_form(c) for c in self.forms)
+                    return Check("interface", "fail", f"step in {dtype_name(dtype)}: {bad}")
+        forms = " and ".join(form_name(c) for c in self.forms)
         return Check("interface", "pass", f"{kind}; {forms} forward; "
                                           + ("a recurrent step" if self.has_step else "no step"))
 
@@ -177,111 +187,42 @@ class Conformance:
         if not isinstance(y, torch.Tensor):
             return f"returned a {type(y).__name__}, not a tensor"
         if tuple(y.shape) != shape or y.dtype != x.dtype:
-            return f"returned {_name(y.dtype)} {tuple(y.shape)}, expected {_name(x.dtype)} {shape}"
+            return f"returned {dtype_name(y.dtype)} {tuple(y.shape)}, expected {dtype_name(x.dtype)} {shape}"
         if not torch.isfinite(y).all():
             return "returned non-finite values"
         return None
 
-    def _draws(self, layer, x, causal) -> bool:
-        """Does one call in eval mode draw random numbers (LSH with redraw: always)?"""
-        cuda = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(self.seed)
-            before = [torch.random.get_rng_state()] + [torch.cuda.get_rng_state(d) for d in cuda]
-            layer(x, causal=causal, key_padding_mask=None)
-            after = [torch.random.get_rng_state()] + [torch.cuda.get_rng_state(d) for d in cuda]
-        return any(not torch.equal(a, b) for a, b in zip(before, after))
+    def _forward_draws(self, layer, x, causal):
+        """forward(x) and whether the call drew random numbers (LSH: in every training call; with
+        redraw=always, in eval too)."""
+        def call():
+            before = rng_states(self.device)
+            y = layer(x, causal=causal, key_padding_mask=None)
+            return y, drew(before, rng_states(self.device))
+        return self._call(call)
 
     def repeatable(self) -> Check:
-        worst, self.draws = {}, False
-        for dtype, layer in self.layers.items():
+        self.draws = dict.fromkeys(MODES, False)
+        for mode, dtype, layer, where in self._runs():
             x = self._randn(self.batch, self.length, self.d_model, dtype=dtype)
-            worst[dtype] = 0.0
+            worst = 0.0
             for causal in self.forms:
-                y1, y2 = self.forward(layer, x, causal), self.forward(layer, x, causal)
-                worst[dtype] = max(worst[dtype], _rel(y1, y2, _scale(y1)))
-                self.draws = self.draws or self._draws(layer, x, causal)
-            if worst[dtype] > EXACT[dtype]:
-                return Check("repeatable", "fail", f"two calls on the same input, same seed, in eval mode differ by "
-                                                   f"{worst[dtype]:.1e} in {_name(dtype)}: the other comparisons "
-                                                   f"would not be fair")
-        drawn = "; it draws random numbers in every call (the same ones under the seed)" if self.draws else ""
-        return Check("repeatable", "pass", f"eval mode, one seed for every call: the same outputs{drawn}")
-
-    def causality(self) -> Check:
-        if True not in self.forms:
-            return Check("causality", "skip", f"no causal form ({self.refused.get(True)})")
-        worst, where = {}, ""
-        for dtype, layer in self.layers.items():
-            x = self._randn(self.batch, self.length, self.d_model, dtype=dtype).requires_grad_(True)
-            y = self.forward(layer, x, True)
-            scale, worst[dtype] = _scale(y), 0.0
-            for t in sorted({1, self.length // 2, self.length - 1}):
-                x2 = x.detach().clone()
-                x2[:, t] += 3 * self._randn(self.batch, self.d_model, dtype=dtype)
-                y2 = self.forward(layer, x2, True)
-                past, moved = _rel(y2[:, :t], y[:, :t], scale), _rel(y2[:, t:], y[:, t:], scale)
-                if moved == 0:
-                    return Check("causality", "fail", f"changing x at t={t} changed no output: the check cannot see "
-                                                      f"an attention that ignores its input")
-                # backward too: no gradient of an output before t reaches x at t or later
-                w = self._randn(*y.shape, dtype=dtype)
-                g, = torch.autograd.grad((y[:, :t] * w[:, :t]).sum(), x, retain_graph=True)
-                leak = _rel(g[:, t:], torch.zeros_like(g[:, t:]), _scale(g))
-                if max(past, leak) > worst[dtype]:
-                    worst[dtype], where = max(past, leak), f" (t={t}, {_name(dtype)})"
-                if past > EXACT[dtype] or leak > EXACT[dtype] or not torch.isfinite(g).all():
-                    what = "outputs" if past > EXACT[dtype] else "gradients"
-                    return Check("causality", "fail", f"changing x at t={t} moved {what} before t by "
-                                                      f"{max(past, leak):.1e} of their scale in {_name(dtype)} "
-                                                      f"(allowed {EXACT[dtype]:.0e}): the causal form sees the future")
-        return Check("causality", "pass", f"x changed at 3 positions: earlier outputs and gradients moved at most "
-                                          f"{max(worst.values()):.1e}{where} (allowed {_tolerances(EXACT)})")
-
-    def padding(self) -> Check:
-        if False not in self.forms:
-            return Check("padding invariance", "skip", f"no non-causal form ({self.refused.get(False)})")
-        mask = self.padding_mask()
-        if not getattr(self.layer, "supports_key_padding_mask", True):
-            try:
-                self.forward(self.layers[torch.float64], self._randn(self.batch, self.length, self.d_model), False,
-                             mask)
-            except (ValueError, NotImplementedError):
-                return Check("padding invariance", "skip", "supports_key_padding_mask = False, and a mask is refused")
-            return Check("padding invariance", "fail", "supports_key_padding_mask = False, yet a mask is taken "
-                                                       "silently")
-        worst = {}
-        real = ~mask[..., None]  # (B, N, 1)
-        for dtype, layer in self.layers.items():
-            x = self._randn(self.batch, self.length, self.d_model, dtype=dtype)
-            x2 = torch.where(mask[..., None], 10 * self._randn(*x.shape, dtype=dtype), x)  # other padded contents
-            w = self._randn(*x.shape, dtype=dtype) * real
-            ys, gs = [], []
-            for inp in (x, x2):
-                inp = inp.clone().requires_grad_(True)
-                y = self.forward(layer, inp, False, mask)
-                if not torch.isfinite(y).all():
-                    return Check("padding invariance", "fail",
-                                 f"non-finite outputs with a padding mask in {_name(dtype)}")
-                g, = torch.autograd.grad((y * w).sum(), inp)
-                ys.append(y * real)
-                gs.append(g)
-            moved = _rel(ys[0], ys[1], _scale(ys[0]))
-            leak = _rel(gs[0] * mask[..., None], torch.zeros_like(gs[0]), _scale(gs[0]))
-            worst[dtype] = max(moved, leak)
-            if worst[dtype] > EXACT[dtype]:
-                what = "real outputs" if moved > EXACT[dtype] else "gradients of the real outputs at padded frames"
-                return Check("padding invariance", "fail", f"changing the padded frames moved the {what} by "
-                                                           f"{worst[dtype]:.1e} of their scale in {_name(dtype)} "
-                                                           f"(allowed {EXACT[dtype]:.0e})")
-        lengths = (~mask).sum(1).tolist()
-        return Check("padding invariance", "pass", f"lengths {lengths}: other padded contents moved real outputs and "
-                                                   f"gradients at most {max(worst.values()):.1e} "
-                                                   f"(allowed {_tolerances(EXACT)})")
+                y1, (y2, draws) = self.forward(layer, x, causal), self._forward_draws(layer, x, causal)
+                worst = max(worst, rel(y1, y2, magnitude(y1)))
+                self.draws[mode] |= draws
+            if worst > EXACT[dtype]:
+                return Check("repeatable", "fail", f"two calls on the same input, same seed, differ by {worst:.1e} "
+                                                   f"in {where}: the other comparisons would not be fair")
+        zeroed = f", dropout set to 0 ({', '.join(self.dropouts)})" if self.dropouts else ""
+        drawn = ("; it draws random numbers in every call (the same ones under the seed)" if self.draws["eval"]
+                 else "; random by design in training: it draws random numbers in every training call (the same "
+                      "ones under the seed)" if self.draws["train"] else "")
+        return Check("repeatable", "pass", f"eval and train mode{zeroed}, one seed for every call: the same "
+                                           f"outputs{drawn}")
 
     def recurrent(self) -> Check:
         if not self.has_step:
-            return Check("recurrent == parallel", "skip", "no step (recurrent = False): generation re-runs the prefix")
+            return Check("recurrent == parallel", "skip", "no recurrent step: generation re-runs the prefix")
         if True not in self.forms:
             return Check("recurrent == parallel", "fail", "a step but no causal forward to compare it with")
         worst = {}
@@ -289,22 +230,22 @@ class Conformance:
             x = self._randn(self.batch, self.length, self.d_model, dtype=dtype)
             with torch.no_grad():
                 y, s = self.forward(layer, x, True), self.steps(layer, x)
-            worst[dtype] = _rel(s, y, _scale(y))
+            worst[dtype] = rel(s, y, magnitude(y))
             if not worst[dtype] <= RECURRENT[dtype]:
                 return Check("recurrent == parallel", "fail", f"step by step differs from the causal forward by "
-                                                              f"{worst[dtype]:.1e} of its scale in {_name(dtype)} "
+                                                              f"{worst[dtype]:.1e} of its scale in {dtype_name(dtype)} "
                                                               f"(allowed {RECURRENT[dtype]:.0e})")
         return Check("recurrent == parallel", "pass", f"{self.length} steps against the causal forward: "
                                                       f"{worst[torch.float64]:.1e} (float64), "
                                                       f"{worst[torch.float32]:.1e} (float32) of the output's scale "
-                                                      f"(allowed {_tolerances(RECURRENT)})")
+                                                      f"(allowed {tolerances(RECURRENT)})")
 
     def _forward_backward(self, dtype, x, w, causal):
         layer = self.layers[dtype]
         x = x.to(dtype).requires_grad_(True)
         y = self.forward(layer, x, causal)
         params = [p for p in layer.parameters() if p.requires_grad]
-        grads = torch.autograd.grad((y * w.to(dtype)).sum(), [x] + params, allow_unused=True)
+        grads = self._grad((y * w.to(dtype)).sum(), [x] + params, allow_unused=True)
         return y, grads
 
     def precision(self) -> Check:
@@ -315,19 +256,19 @@ class Conformance:
             w = self._randn(self.batch, self.length, self.d_model)
             y64, g64 = self._forward_backward(torch.float64, x, w, causal)
             y32, g32 = self._forward_backward(torch.float32, x, w, causal)
-            fwd = max(fwd, _rel(y32, y64, _scale(y64)))
-            floor = 0.01 * max((_scale(g) for g in g64 if g is not None), default=0.0)
+            fwd = max(fwd, rel(y32, y64, magnitude(y64)))
+            floor = 0.01 * max((magnitude(g) for g in g64 if g is not None), default=0.0)
             for name, a, b in zip(names, g32, g64):
                 if a is None or b is None:
                     continue  # unreached: the gradients check names it
-                err = _rel(a, b, max(_scale(b), floor))
+                err = rel(a, b, max(magnitude(b), floor))
                 if err > bwd:
-                    bwd, worst_name = err, f" ({name}, {_form(causal)})"
+                    bwd, worst_name = err, f" ({name}, {form_name(causal)})"
         numbers = (f"forward {fwd:.1e} (allowed {FP32_FORWARD:.0e}), backward {bwd:.1e}{worst_name} "
                    f"(allowed {FP32_BACKWARD:.0e}), relative to the float64 scale")
         if fwd <= FP32_FORWARD and bwd <= FP32_BACKWARD:
             return Check("float32 == float64", "pass", numbers)
-        if self.draws:  # one seed gives float32 and float64 draws that differ: no fair comparison
+        if self.draws["eval"]:  # one seed gives float32 and float64 draws that differ: no fair comparison
             return Check("float32 == float64", "skip", f"not comparable: it draws random numbers in every call, "
                                                        f"and one seed draws other ones in float32 and float64 "
                                                        f"({numbers}); a setting that draws once in eval mode "
@@ -344,7 +285,7 @@ class Conformance:
             w = self._randn(self.batch, self.length, self.d_model)
             _, (gx, *gp) = self._forward_backward(torch.float64, x, w, causal)
             if not torch.isfinite(gx).all():
-                return Check("gradients", "fail", f"non-finite gradient of the input ({_form(causal)})")
+                return Check("gradients", "fail", f"non-finite gradient of the input ({form_name(causal)})")
             grads = [a if b is None else b.abs() if a is None else a + b.abs() for a, b in zip(grads, gp)]
         unreached = [n for (n, _), g in zip(named, grads) if g is None]
         bad = [n for (n, _), g in zip(named, grads) if g is not None and not torch.isfinite(g).all()]
@@ -353,11 +294,11 @@ class Conformance:
             parts = [f"{what}: {', '.join(ns)}" for what, ns in (("no gradient reaches", unreached),
                                                                  ("non-finite", bad), ("all zero", zero)) if ns]
             return Check("gradients", "fail", "; ".join(parts))
-        top = max(_scale(g) for g in grads)
-        tiny = [n for (n, _), g in zip(named, grads) if _scale(g) <= ROUNDING * top]
+        top = max(magnitude(g) for g in grads)
+        tiny = [n for (n, _), g in zip(named, grads) if magnitude(g) <= ROUNDING * top]
         note = (f"; at rounding level (the attention is invariant to them): {', '.join(tiny)}" if tiny else "")
         return Check("gradients", "pass", f"{len(named)} parameters, every one reached, finite and non-zero "
-                                          f"(forms: {', '.join(_form(c) for c in self.forms)}){note}")
+                                          f"(forms: {', '.join(form_name(c) for c in self.forms)}){note}")
 
 
 @contextlib.contextmanager
@@ -370,18 +311,6 @@ def _full_float32():
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
-
-
-def _form(causal: bool) -> str:
-    return "causal" if causal else "non-causal"
-
-
-def _name(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _tolerances(table) -> str:
-    return f"{table[torch.float64]:.0e} float64, {table[torch.float32]:.0e} float32"
 
 
 def check(factory, d_model: int, n_heads: int, **kw) -> list[dict]:

@@ -8,7 +8,9 @@ every number finite and every dropout a probability, the trainer's settings (als
 fit()), the model's sizes, and the attention layer, built once at the model's width (its constructor
 checks its own settings, e.g. an LSH chunk_size or a Performer's n_features) and refused when
 the task is autoregressive and the attention has no causal form, or the task is non-causal
-(task=asr, task.causal=false) and the attention has no non-causal form.
+(task=asr, task.causal=false) and the attention has no non-causal form. A user's class needs only
+the call (an nn.Module whose forward takes x, causal and key_padding_mask): what it does not say
+(causal_only, recurrent, step) it is taken not to have.
 """
 import math
 
@@ -103,6 +105,13 @@ def validate(cfg):
     layer = build_attention(cfg, sizes.d_model, sizes.n_heads)
     _check_numbers(cfg, ("attention",))  # after the constructor, whose own lines say more
     task = cfg.task.get("name")
+    if task != "conformance":  # which checks the call itself, and says so in its table
+        from repro.attention.contract import contract_gap
+
+        gap = contract_gap(layer)
+        if gap:
+            raise ConfigError(f"attention._target_={cfg.attention._target_}: {gap} (python run.py task=conformance "
+                              f"... checks a class against the whole contract)")
     causal = bool(cfg.task.get("causal", task in AUTOREGRESSIVE_TASKS))
     from repro.attention.noncausal import CAUSAL_CONFIGS, NonCausalAttention
 
@@ -111,7 +120,8 @@ def validate(cfg):
         raise ConfigError(f"attention {name} is non-causal only and {why}; use a causal attention such as "
                           f"{CAUSAL_CONFIGS}" + (" (or task.causal=false)" if "causal" in cfg.task else ""))
     # only where the task runs the non-causal form (task=conformance checks whichever forms exist)
-    if layer.causal_only and (task in NON_CAUSAL_TASKS or cfg.task.get("causal", True) is False):
+    # a user's plain nn.Module need not say: without the attribute it is taken to have both forms
+    if getattr(layer, "causal_only", False) and (task in NON_CAUSAL_TASKS or cfg.task.get("causal", True) is False):
         from repro.attention.successors import BIDIRECTIONAL_CONFIGS, ENABLE_BIDIRECTIONAL
 
         why = "task.causal=false" if "causal" in cfg.task else f"task={task} is non-causal"
