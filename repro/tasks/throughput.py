@@ -36,7 +36,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from repro.attention.linear import LinearAttention
+from repro.attention.softmax import SoftmaxAttention
 from repro.cli.config import (
     ConfigError,
     building_from_config,
@@ -181,10 +181,10 @@ def needed_bytes(model, mode, batch, length) -> float:
     d_ff = model.encoder.layers[0].linear1.out_features
     if mode == "floor":  # one input row per batch entry for each width of matrix
         return weights + batch * (att.d_model + d_ff) * el
-    if mode == "recurrent" and isinstance(att, LinearAttention):
-        return weights + layers * batch * att.n_heads * att.d_keys * (att.d_values + 1) * max(el, 4)
-    if mode == "recurrent":
+    if mode == "recurrent" and isinstance(att, SoftmaxAttention):  # the cache, preallocated or grown to length
         return weights + layers * 2 * batch * length * att.n_heads * att.d_values * el
+    if mode == "recurrent":  # a state of (D, M) per head (linear, the successors), or a window (local): at least
+        return weights + layers * batch * att.n_heads * att.d_keys * att.d_values * max(el, 4)
     return weights + batch * length * (8 + 2 * d_ff * el)  # the tokens, and one layer's widest activation twice
 
 
