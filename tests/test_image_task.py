@@ -245,6 +245,19 @@ def test_conditional_sampling_keeps_the_given_top_half(tmp_path, name, mode):
     assert not torch.equal(cond[:, half:], to_sequence(given)[:, half:])
 
 
+def test_a_plain_module_without_a_step_samples_by_rerunning_the_prefix(tmp_path):
+    """A user's nn.Module (no AttentionLayer, no step) was sent down the recurrent path and died on
+    `attention.step`; it re-runs the prefix, as the docs say."""
+    from conformance_attentions import TorchMultihead
+
+    model = PixelTransformer(lambda d_model, n_heads: TorchMultihead(d_model, n_heads), n_mixtures=2, n_layers=1,
+                             d_model=16, n_heads=2, d_ff=16, dropout=0.0).eval()
+    assert image.sampling_mode(model) == "rerun"
+    given = torch.randint(0, 256, (2, 1, 3, 3), dtype=torch.uint8)
+    seconds, used, free, cond = image.sample_grid(model, (1, 3, 3), 2, given, seed=0, path=tmp_path / "g.png")
+    assert used == "rerun" and free.shape == (2, 9) and (tmp_path / "g.png").is_file()
+
+
 def test_bad_mode_and_missing_checkpoint_are_one_line(compose_cfg, tmp_path):
     with pytest.raises(ConfigError, match="task.mode='dream'; valid: train, sample"):
         image.run(compose_cfg("task=mnist", "task.mode=dream", f"+run_dir={tmp_path}"))

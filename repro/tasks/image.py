@@ -25,7 +25,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from repro.attention.base import AttentionLayer
+from repro.attention.base import is_recurrent
 from repro.cli.attention import attention_config, attention_name, user_set
 from repro.cli.config import ConfigError, building_from_config, group_options, in_multirun, parse_device
 from repro.cli.config import run_dir as get_run_dir
@@ -36,6 +36,7 @@ from repro.data.images import Images, load_images, resize
 from repro.models import logistic_mixture as dmol
 from repro.models.generate import generate
 from repro.models.pixels import PixelTransformer, to_images, to_sequence
+from repro.models.transformer import TransformerLayer
 from repro.training import fit, load_checkpoint, seed_everything
 from repro.training.checkpoint import load_into, require
 from repro.training.distributed import is_main
@@ -61,8 +62,9 @@ def build_model(cfg, n_layers=None):
 
 
 def sampling_mode(model) -> str:
-    """recurrent when every layer's attention has a recurrent twin, else rerun (LSH)."""
-    recurrent = all(m.recurrent for m in model.modules() if isinstance(m, AttentionLayer))
+    """recurrent when every layer's attention has a recurrent twin, else rerun (LSH, or a user's
+    plain nn.Module without a step)."""
+    recurrent = all(is_recurrent(m.attention) for m in model.modules() if isinstance(m, TransformerLayer))
     return "recurrent" if recurrent else "rerun"
 
 
