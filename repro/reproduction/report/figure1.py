@@ -1,18 +1,20 @@
 """Figure 1: time and memory of one attention layer against sequence length (task=benchmark's
 benchmark.csv and summary.json). Each run is shown with what sets its numbers apart (code
-version, tokens per point, repeats, memory method), and a point measured by several runs is set
-out side by side, so that two values for one point never stand unexplained."""
+version, tokens per point, repeats, memory method, and beside each time the kernel it ran on,
+where the run recorded it), and a point measured by several runs is set out side by side, so that
+two values for one point never stand unexplained."""
 import pandas as pd
 
 from repro.common import paper
 from repro.reproduction.report.format import code, command, hardware, hw_class, md_table, num
-from repro.reproduction.report.schema import Table, named, read_json
+from repro.reproduction.report.schema import Table, read_json
 
 TABLES = [Table("benchmark.csv",
                 {"attention": str, "n": float, "time_per_sample_ms": float, "mem_per_sample_mb": float, "status": str},
                 {"device": str, "batch": float, "repeats": float, "mem_method": str,
                  "git_sha": str, "time": str, "saved_per_sample_mb": float, "mem_per_sample_min_mb": float,
-                 "mem_per_sample_max_mb": float})]
+                 "mem_per_sample_max_mb": float, "kernel_backend": str, "kernel_backend_why": str,
+                 "kernel_fallback": str})]
 
 
 def _mem(r) -> float | str:
@@ -21,6 +23,21 @@ def _mem(r) -> float | str:
     if lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
         return r.mem_per_sample_mb
     return f"{num(float(r.mem_per_sample_mb))} ({num(float(lo))}-{num(float(hi))})"
+
+
+def _recorded(df) -> bool:
+    """Whether the run's rows name their kernel (runs from before the record do not)."""
+    return "kernel_backend" in df and df.kernel_backend.notna().any()
+
+
+def kernel(r) -> str:
+    """The kernel a row ran on: its name, and why where it fell back to the PyTorch path."""
+    name = r.get("kernel_backend")
+    if name is None or pd.isna(name):
+        return "not recorded"
+    why = r.get("kernel_backend_why")
+    fell_back = str(r.get("kernel_fallback")).lower() == "true"
+    return f"{name} (fell back: {why})" if fell_back and isinstance(why, str) else str(name)
 
 
 def _causal(df) -> str:
@@ -48,6 +65,7 @@ def _point_rows(df):
     for backward where the run counted them."""
     ok = df[df.status == "ok"]
     saved = "saved_per_sample_mb" in df and df.saved_per_sample_mb.notna().any()
+    kernels = _recorded(df)
     rows = []
     for att, points in paper.FIGURE1.items():
         for ours in paper.FIGURE1_OURS.get(att, [att]):
@@ -59,15 +77,16 @@ def _point_rows(df):
                 mine = ok[(ok.attention == ours) & (ok.n == n)]
                 lost = str(here.status.iloc[0])
                 rows.append([att, ours, n, t, mine.time_per_sample_ms.iloc[0] if len(mine) else lost,
+                             *([kernel(mine.iloc[0]) if len(mine) else lost] if kernels else []),
                              m, _mem(mine.iloc[0]) if len(mine) else lost,
                              *([mine.saved_per_sample_mb.iloc[0] if len(mine) else lost] if saved else [])])
-    return rows, saved
+    return rows, saved, kernels
 
 
 def agreement(found, root) -> str | None:
     """The paper's points that several runs (same hardware class and causality) measured: each
     run's value with what differs between the runs."""
-    rows = []
+    rows, kernels = [], any(_recorded(df) for _, df in found)
     for att, points in paper.FIGURE1.items():
         for ours in paper.FIGURE1_OURS.get(att, [att]):
             for n in points:
@@ -84,7 +103,8 @@ def agreement(found, root) -> str | None:
                                   r.time_per_sample_ms, r.mem_per_sample_mb,
                                   str(r.get("git_sha", ""))[:7] or "—",
                                   f"{int(r.batch * n):,}" if pd.notna(r.get("batch")) else "—",
-                                  str(r.get("device", "")), str(r.get("mem_method", "")) or "—"]
+                                  str(r.get("device", "")), str(r.get("mem_method", "")) or "—",
+                                  *([kernel(r)] if kernels else [])]
                                  for _, _, folder, r in same]
     if not rows:
         return None
@@ -94,11 +114,11 @@ def agreement(found, root) -> str | None:
             "memory was measured. Each run's section below names these; compare slopes within one run, not "
             "values across runs.\n\n"
             + md_table(["attention", "N", "hardware", "run", "ms/sample", "MB/sample", "git", "tokens per point",
-                        "device", "memory method"], rows))
+                        "device", "memory method", *(["kernel"] if kernels else [])], rows))
 
 
 def figure1(ctx) -> str:
-    root, rel, csvs = ctx.root, ctx.rel, ctx.csvs
+    root, rel = ctx.root, ctx.rel
     out = ["## Figure 1: time and memory against sequence length",
            f"Paper: forward + backward of one attention layer per sample on a {paper.FIGURE1_HARDWARE} "
            "(values read off the log-log plot, ±15%). Ours: the same measurement (repro.tasks.benchmark). "
@@ -106,8 +126,7 @@ def figure1(ctx) -> str:
            "why (oom, timeout). Peak memory is the allocator's or the process's high-water mark (noisy on a CPU); "
            "newer runs also count exactly what the layer keeps for backward (saved tensors' "
            "storages, parameters included)."]
-    found = named(csvs, "benchmark.csv")
-    ctx.used |= {folder for folder, _ in found}
+    found = ctx.named("figure1", "benchmark.csv")
     if not found:
         return "\n\n".join(out + ["not yet run"])
     note = agreement(found, root)
@@ -116,10 +135,11 @@ def figure1(ctx) -> str:
     for folder, df in found:
         out.append(f"### {folder.relative_to(root)} ({_causal(df)})\n\nHardware: {hardware(df)}  \n"
                    f"{run_line(df)}  \nCommand: {code(command(folder, root))}")
-        rows, saved = _point_rows(df)
+        rows, saved, kernels = _point_rows(df)
         if rows:
             out.append(md_table(["paper's attention", "ours", "N", "paper ms/sample", "our ms/sample",
-                                 "paper MB/sample", "our MB/sample (peak; min-max over passes)",
+                                 *(["our kernel"] if kernels else []), "paper MB/sample",
+                                 "our MB/sample (peak; min-max over passes)",
                                  *(["our MB/sample kept for backward"] if saved else [])], rows))
         else:
             lengths = sorted({int(n) for n in df.n.dropna()})
