@@ -1,12 +1,14 @@
 """repro.reproduction.claims: the verdict rules, and the section rendered from results folders written here in
 the formats the tasks publish (copy_final/copy_curves, bpd_curves + image_rows, asr_table +
-asr_rows, throughput.csv), with the expected numbers worked out by hand."""
+asr_rows, throughput.csv) and named by the manifest (claims.yaml), with the expected numbers worked
+out by hand."""
 import json
 import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
+from report_manifest import write_manifest
 from scipy import stats as scipy_stats
 
 from repro.reproduction import claims, verdicts
@@ -194,6 +196,13 @@ def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002, linear_falling=0.
     secs = {("linear", 1): 4.0, ("stateful-softmax", 1): 5.0, ("linear", 64): 0.1, ("stateful-softmax", 64): 0.5}
     pd.DataFrame([{"method": m, "batch": b, "status": "ok", "seconds_per_image": v * 2, "cpu_seconds_per_image": v,
                    "extrapolated": b == 64} for (m, b), v in secs.items()]).to_csv(gen / "throughput.csv", index=False)
+    write_manifest(results, claims=CLAIMS)
+
+
+# the folders the manifest of _write's tree names for each claim
+CLAIMS = {"figure1": "figure1-cpu", "copy": "copy/figure2_n128_cpu", "mnist": "images/mnist_claims_seeds_cpu",
+          "asr": "asr/speed_800_cpu", "batch": "throughput/batch64_cpu"}
+GEN, GPU_MNIST = "gpu/NVIDIA_H100_80GB_HBM3/generation", "gpu/NVIDIA_H100_80GB_HBM3/mnist"
 
 
 def test_section_from_results(tmp_path):
@@ -223,7 +232,7 @@ def test_section_from_results(tmp_path):
     assert asr.verdict.startswith(f"{REPRODUCED}: 3.00x against softmax-math (the paper's softmax")
     table = tmp_path / "asr/speed_800_cpu/asr_table.csv"  # two seeds: a measurement, its ratios still given
     pd.read_csv(table).assign(seeds=2).to_csv(table, index=False)
-    two = claims.asr_claim(tmp_path).verdict
+    two = claims.asr_claim(tmp_path, CLAIMS["asr"]).verdict
     assert two.startswith("measured, not judged (2 seed(s); judged from 5): 3.00x against softmax-math"), two
     assert "2.50x against softmax (SDPA softmax, what a user runs today)" in asr.verdict
     assert "2.50x faster than softmax " in asr.here
@@ -256,10 +265,29 @@ def test_section_verdicts_turn(tmp_path):
 
 
 def test_section_without_runs(tmp_path):
+    """A manifest that names no run: every claim says so; one that names a folder without the
+    claim's file: that claim says which folder it looked in."""
+    write_manifest(tmp_path)
     rows = claims.claims(tmp_path)
-    assert [r.verdict for r in rows[:7]] == [f"{NOT_TESTABLE}: not run"] * 7
-    assert "no run in `copy/figure2_n128_cpu`" in rows[1].here
+    assert [r.verdict for r in rows[:10]] == [f"{NOT_TESTABLE}: not run"] * 10
+    assert "no run named for it in `results/claims.yaml`" in rows[1].here
     assert claims.section(tmp_path).count(NOT_TESTABLE) == len(rows)
+    (tmp_path / "copy" / "empty").mkdir(parents=True)
+    write_manifest(tmp_path, claims={"copy": "copy/empty"})
+    assert "no run in `copy/empty`" in claims.claims(tmp_path)[1].here
+
+
+def test_each_claim_is_judged_from_the_folder_the_manifest_names(tmp_path):
+    """Two copy runs: the claim reads the one named (it used to read copy/figure2_n128_cpu whatever
+    the manifest said), and says which."""
+    _write(tmp_path)
+    _write(tmp_path / "elsewhere", lsh_copy_loss=0.3)
+    shutil.copytree(tmp_path / "elsewhere" / CLAIMS["copy"], tmp_path / "copy" / "other")
+    assert "lsh-4 0.60 ±" in claims.claims(tmp_path)[2].here
+    write_manifest(tmp_path, claims={**CLAIMS, "copy": "copy/other"})
+    _, copy_linear, copy_lsh, *_ = claims.claims(tmp_path)
+    assert "(`copy/other`)" in copy_linear.here and "lsh-4 0.30 ±" in copy_lsh.here
+    assert "figure2_n128_cpu" not in claims.section(tmp_path)
 
 
 def test_mnist_ties_inside_the_seeds_spread_are_undecided(tmp_path):
@@ -379,7 +407,7 @@ def test_a_failed_run_is_never_judged(tmp_path):
         assert c.verdict == f"{NOT_TESTABLE}: a run failed (lsh-1 seed 0 failed (error: non-finite loss))"
     asr = tmp_path / "asr/speed_800_cpu/asr_table.csv"
     pd.read_csv(asr).assign(status=["ok", "ok", "error: non-finite loss"]).to_csv(asr, index=False)
-    verdict = claims.asr_claim(tmp_path).verdict
+    verdict = claims.asr_claim(tmp_path, CLAIMS["asr"]).verdict
     assert verdict == f"{NOT_TESTABLE}: a run failed (linear failed (error: non-finite loss))", verdict
 
 
@@ -399,7 +427,7 @@ def test_gpu_rows_are_measurements_marked_where_extrapolated_and_set_beside_the_
     large batch's images/s lead, and the MNIST step; an extrapolated value carries *, and a batch-1
     GPU result that disagrees with the CPU run's says so."""
     _write(tmp_path)  # the CPU run: linear 5 / 4 = 1.25x faster than the cache at batch 1
-    gen = tmp_path / claims.GPU_FOLDER / "generation"
+    gen = tmp_path / GEN
     gen.mkdir(parents=True)
     rows = [("mnist", "linear", 1, 3.0, False), ("mnist", "stateful-softmax", 1, 1.5, False),
             ("mnist", "softmax", 1, 2.0, False), ("mnist", "linear", 256, 0.01, False),
@@ -408,12 +436,12 @@ def test_gpu_rows_are_measurements_marked_where_extrapolated_and_set_beside_the_
     pd.DataFrame([{"size": s, "method": m, "batch": b, "seconds_per_image": v, "images_per_s": b / (b * v),
                    "extrapolated": x, "status": "ok"} for s, m, b, v, x in rows]).to_csv(gen / "throughput.csv",
                                                                                        index=False)
-    mnist = tmp_path / claims.GPU_FOLDER / "mnist"
+    mnist = tmp_path / GPU_MNIST
     mnist.mkdir(parents=True)
     pd.DataFrame([{"attention": "linear", "steps": 800, "time_per_step_ms": 72.0, "status": "stopped: time limit"},
                   {"attention": "softmax", "steps": 1800, "time_per_step_ms": 31.0, "status": "stopped: time limit"}]
                  ).to_csv(mnist / "bpd_final.csv", index=False)
-    batch1, big, step = claims.gpu_claims(tmp_path)
+    batch1, big, step = claims.gpu_claims(tmp_path, GEN, GPU_MNIST, CLAIMS["batch"])
     assert "mnist s/image: linear 3, the cache 1.5, re-running the prefix 2" in batch1.here
     assert "cifar s/image: linear 20*, the cache 10, re-running the prefix not run" in batch1.here
     assert batch1.verdict == (f"{MEASURED} (one run): linear slower than the cache on mnist, cifar; differs from "
@@ -421,4 +449,5 @@ def test_gpu_rows_are_measurements_marked_where_extrapolated_and_set_beside_the_
     assert "batch 256" in big.here and "linear 100, the cache 50*, 2.00x" in big.here
     assert big.verdict == f"{MEASURED} (one run)"
     assert "linear 72 ms per step, softmax 31 ms per step" in step.here and "2.32x" in step.verdict
-    assert [c.verdict for c in claims.gpu_claims(tmp_path / "none")] == [f"{NOT_TESTABLE}: not run"] * 3
+    assert f"(`{GEN}`)" in batch1.here and f"(`{GPU_MNIST}`)" in step.here
+    assert [c.verdict for c in claims.gpu_claims(tmp_path, None, None)] == [f"{NOT_TESTABLE}: not run"] * 3

@@ -22,6 +22,8 @@
    command aside) must be a value of those files, in the units shown (× s→ms, ×100 fraction→%,
    bytes→MB...), rounded as shown, or a number of the paper's (repro/common/paper.py); a number
    followed by × is a ratio of two values of one column.
+4. README's "What we found" table quotes the files results/claims.yaml lists under `readme`, in
+   its order: the manifest says which run answers which claim, and the README cites no other.
 """
 import ast
 import contextlib
@@ -38,7 +40,7 @@ import pandas as pd
 import pytest
 
 from repro.cli.config import CONF_DIR, ConfigError
-from repro.reproduction import report
+from repro.reproduction import manifest, report
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
@@ -416,6 +418,22 @@ def stale_blocks(page: Path, results: Path = REPO / "results") -> bool:
     return report.render_blocks(page, results) != page.read_text()
 
 
+# ----------------------------------------------------------------------------- 4. README's files, the manifest's
+
+def readme_problems(readme: Path, results: Path = REPO / "results") -> list[str]:
+    """How the files README's "What we found" quotes (its <!-- csv: --> line) differ from the
+    manifest's `readme` list (paths under results/, in order)."""
+    section = readme.read_text().split("## What we found", 1)[-1].split("\n## ", 1)[0]
+    found = re.search(r"<!-- csv: (.+?) -->", section)
+    quoted = found[1].split() if found else []
+    named = [f"results/{f}" for f in manifest.load(results).readme]
+    out = [f"quotes {f}, which results/claims.yaml's readme does not list" for f in quoted if f not in named]
+    out += [f"does not quote {f}, which results/claims.yaml's readme lists" for f in named if f not in quoted]
+    if not out and quoted != named:
+        out.append("quotes the manifest's files in another order")
+    return out
+
+
 # ----------------------------------------------------------------------------- the tests
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
@@ -454,6 +472,10 @@ def test_results_tables(page):
 def test_report_blocks_current():
     stale = [p.name for p in PAGES if report.DOC_BLOCK.search(p.read_text()) and stale_blocks(p)]
     assert not stale, f"report blocks out of date in {stale}: run python -m repro.report --docs"
+
+
+def test_what_we_found_quotes_the_files_the_manifest_lists():
+    assert readme_problems(REPO / "README.md") == []
 
 
 def test_readme_is_a_front_door():
@@ -515,6 +537,24 @@ def test_a_missing_path_fails(tmp_path):
     bad = missing_paths(page, REPO)
     assert bad == ["`repro/nope.py`", "`conf/attention/{lsh,nope}.yaml`", "](../results/NOPE.md)",
                    "](#no-heading) (no such heading)", "python -m repro.nope"]
+
+
+def test_a_readme_quoting_a_file_the_manifest_does_not_list_fails(tmp_path):
+    results = tmp_path / "results"
+    for f in ("a/x.csv", "b/y.csv"):
+        (results / f).parent.mkdir(parents=True, exist_ok=True)
+        (results / f).write_text("v\n1\n")
+    (results / "claims.yaml").write_text("claims: {}\nreport: {figure2: [a, b]}\nreadme: [a/x.csv, b/y.csv]\n"
+                                         "runs: {a: python run.py, b: python run.py}\n")
+    page = tmp_path / "README.md"
+    page.write_text("# R\n\n## What we found\n\n<!-- csv: results/a/x.csv results/b/y.csv -->\n| a | b |\n")
+    assert readme_problems(page, results) == []
+    page.write_text("# R\n\n## What we found\n\n<!-- csv: results/b/y.csv results/a/x.csv -->\n| a | b |\n")
+    assert readme_problems(page, results) == ["quotes the manifest's files in another order"]
+    page.write_text("# R\n\n## What we found\n\n<!-- csv: results/a/x.csv results/c/z.csv -->\n| a | b |\n")
+    assert readme_problems(page, results) == [
+        "quotes results/c/z.csv, which results/claims.yaml's readme does not list",
+        "does not quote results/b/y.csv, which results/claims.yaml's readme lists"]
 
 
 def test_a_stale_table_fails(tmp_path):

@@ -1,11 +1,13 @@
-"""python -m repro.report: from a results tree with a few well-formed result files, every paper
-table gets its row beside ours (value, hardware, command); tables with no result say so."""
+"""python -m repro.report: from a results tree with a few well-formed result files and the manifest
+naming them (claims.yaml, written by report_manifest.write_manifest), every paper table gets its
+row beside ours (value, hardware, command); tables with no result say so."""
 import json
 import re
 import shutil
 
 import pandas as pd
 import pytest
+from report_manifest import write_manifest
 
 from repro.common import paper
 from repro.common.results import REPO
@@ -49,16 +51,13 @@ def fake_results(root):
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.123, "images_per_s": 8.1,
                    "extrapolated": False, "device": GPU, "status": "ok"},
                   {"size": "mnist", "method": "linear", "batch": 10, "seconds_per_image": 0.0125, "images_per_s": 80.0,
-                   "extrapolated": False, "device": GPU, "status": "ok"},
-                  {"size": "cifar", "method": "softmax", "batch": 1, "seconds_per_image": 9000.0,
-                   "images_per_s": 1 / 9000, "extrapolated": True, "device": CPU, "status": "ok"}]).to_csv(
-        thr / "throughput.csv", index=False)
+                   "extrapolated": False, "device": GPU, "status": "ok"}]).to_csv(thr / "throughput.csv", index=False)
     measured = root / "throughput" / "cpu_measured"  # a measured CPU run at batch 1
     measured.mkdir(parents=True)
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.4, "images_per_s": 2.5,
                    "extrapolated": False, "device": CPU, "status": "ok"}]).to_csv(measured / "throughput.csv",
                                                                                   index=False)
-    later = root / "throughput" / "zz_later"  # a later, smaller run: batch 1 only, extrapolated
+    later = root / "throughput" / "zz_later"  # a later run the manifest does not name: never shown
     later.mkdir(parents=True)
     pd.DataFrame([{"size": "mnist", "method": "linear", "batch": 1, "seconds_per_image": 0.5, "images_per_s": 2.0,
                    "extrapolated": True, "device": CPU, "status": "ok"}]).to_csv(later / "throughput.csv", index=False)
@@ -86,6 +85,18 @@ def fake_results(root):
     (timing / "asr_rows.jsonl").write_text(json.dumps({"task": "asr", "device": CPU, "label": "CPU timing run"}) + "\n")
     (root / "kernels").mkdir()
     (root / "kernels" / "README.md").write_text("    python -m repro.reproduction.bench\n")
+    fake_manifest(root)
+
+
+def fake_manifest(root, **more):
+    """The manifest of fake_results's tree (and of `more` sections): each table's folders, one run
+    at one batch a column of Tables 1, 2, 4 and 5."""
+    images_per_s = [{"folder": "throughput/cpu_measured", "batch": 1}, {"folder": "throughput/gpu", "batch": 10}]
+    write_manifest(root, **{"figure1": ["fig1"], "table_3": ["asr", "asr_table", "asr_timing"], "others": ["kernels"],
+                            "tables_1_2": {"bits_per_dim": ["images/mnist"], "images_per_s": images_per_s},
+                            "table_4": images_per_s,
+                            "table_5": [{"folder": "throughput/cpu_measured", "batch": 1},
+                                        {"folder": "throughput/gpu", "batch": 1}], **more})
 
 
 def test_report_puts_ours_beside_the_paper(tmp_path):
@@ -106,14 +117,13 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     t1 = cells(md, "linear", "### Table 1: MNIST")
     assert (t1["paper bits/dim"], t1["our bits/dim, CPU"], t1[f"our bits/dim, {GPU}"]) == (
         "0.644", "0.71", "not yet run")
-    # one run at one batch per column, the batch in its header: the CPU's is the measured run at batch 1
-    # (the extrapolated zz_later and the gpu folder's one CPU row are left out, not mixed in)
+    # one run at one batch per column, the batch in its header: the one the manifest names (zz_later: none)
     assert (t1["paper images/s"], t1["our images/s, CPU, batch 1"], t1[f"our images/s, {GPU}, batch 10"]) == (
         "142.8", "2.5", "80")
     t1_notes = md.split("### Table 1: MNIST", 1)[1].split("\n### ", 1)[0]
     assert "Our bits/dim, CPU: one run, `images/mnist`" in t1_notes and "task=mnist attention=linear" in t1_notes
-    assert ("Our images/s, CPU, batch 1: one run, `throughput/cpu_measured`" in t1_notes
-            and "not mixed in: `throughput/gpu` (batch 1), `throughput/zz_later` (batch 1)" in t1_notes)
+    assert "Our images/s, CPU, batch 1: one run, `throughput/cpu_measured`" in t1_notes
+    assert "zz_later" not in md and "left out" not in md
     assert f"Our images/s, {GPU}, batch 10: one run, `throughput/gpu`" in t1_notes
     assert "task=throughput device=cuda" in t1_notes
     assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "not yet run"
@@ -127,7 +137,7 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
         "142.8", "2.5", "80")
     assert row(md, "stateful-softmax", "### Table 4, MNIST")[1:3] == ["7.56", "not in this run"]
     assert "stateful-softmax" not in md.split("### Table 1: MNIST", 1)[1].split("\n## ", 1)[0]  # not in Tables 1/2
-    t5 = cells(md, "linear", "### Table 5, MNIST")  # a measured run beats a later extrapolated one
+    t5 = cells(md, "linear", "### Table 5, MNIST")
     assert (t5["paper CPU s"], t5["paper GPU s"], t5["our s/image, CPU, batch 1"],
             t5[f"our s/image, {GPU}, batch 1"]) == ("5.5", "7.3", "0.4", "0.123")
     t5 = cells(md, "softmax", "### Table 5, CIFAR-10")
@@ -261,12 +271,23 @@ def gpu_results(root):
                 "job": {"status": "ok" if status == "done" else "failed (exit 1)", "seconds": 12.0}}}))
         (step / "env" / "env.json").write_text(json.dumps({"device": gpu, "cuda_available": True, "cupy": "14.2.0",
                                                            "nvcc": ["release 13.0", "V13.0.88"]}))
+    gpus = ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H200")
+    mnist = [f"gpu/{g}/mnist" for g in gpus]
+    write_manifest(root, tables_1_2={"bits_per_dim": ["images/mnist_cpu", *mnist], "images_per_s": image_columns(256),
+                                     "bpd_vs_time": mnist},
+                   table_4=image_columns(256), table_5=image_columns(1), gpu_runs=[f"gpu/{g}" for g in gpus])
     # a JUnit XML as pytest writes it: 5 tests, 1 failed, 2 skipped
     (root / "gpu" / "NVIDIA_H100_80GB_HBM3" / "env" / "kernel_tests.xml").write_text(
         '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1" '
         'skipped="2" tests="5"><testcase classname="tests.test_cupy_kernels" name="test_a"/>'
         '<testcase classname="tests.test_cupy_kernels" name="test_b"><failure message="x"/></testcase>'
         '</testsuite></testsuites>')
+
+
+def image_columns(batch, gpus=("NVIDIA_H100_80GB_HBM3", "NVIDIA_H200")):
+    """The CPU run at batch 1 and each GPU's generation step at `batch`: one column each."""
+    return [{"folder": "images/mnist_cpu", "batch": 1}, *({"folder": f"gpu/{g}/generation", "batch": batch}
+                                                         for g in gpus)]
 
 
 def test_cpu_and_gpu_values_land_in_their_own_columns(tmp_path):
@@ -298,7 +319,8 @@ def test_cpu_and_gpu_values_land_in_their_own_columns(tmp_path):
     assert "GPU kernel tests (env/kernel_tests.xml): 2 passed, 1 failed, 2 skipped " \
            "(failed: tests.test_cupy_kernels.test_b)" in runs
     assert "## Other results" not in md  # every GPU step's folder is shown in a section
-    alone = build(root / "gpu" / "NVIDIA_H100_80GB_HBM3", tmp_path / "R.md")  # --results at one device's folder
+    write_manifest(root / "gpu" / "NVIDIA_H100_80GB_HBM3", gpu_runs=["."])  # --results at one device's folder
+    alone = build(root / "gpu" / "NVIDIA_H100_80GB_HBM3", tmp_path / "R.md")
     assert "\n### NVIDIA_H100_80GB_HBM3\n" in alone and "| 6 mnist | done |" in alone
 
 
@@ -328,6 +350,7 @@ def test_kernel_targets_stand_met_or_not_met_on_either_side(tmp_path):
                 bench_row(dev, "sdpa", "bf16", "fwd", 0.5, status="missing: no reason")]
         pd.DataFrame(rows).to_csv(d / "bench.csv", index=False)
         (d / "command.txt").write_text("python -m repro.reproduction.bench --out-dir x\n")
+    write_manifest(root, kernels=["gpu/NVIDIA_H100_80GB_HBM3/kernels", "gpu/NVIDIA_H200/kernels"])
     md = build(root, root / "REPORT.md")
     h100 = f"### Kernel targets on {H100}\n"
     assert row(md, "forward <= 0.32 ms, bf16", h100) == ["forward <= 0.32 ms, bf16", "0.32 ms (62% of floor)", "met"]
@@ -357,6 +380,8 @@ def test_without_gpu_results_the_report_says_not_measured_yet(tmp_path):
     bench = root / "kernels" / "cpu"  # a CPU benchmark at the target shape: no GPU target stands on it
     bench.mkdir(parents=True)
     pd.DataFrame([bench_row(CPU, "cupy", "bf16", "fwd", 0.1)]).to_csv(bench / "bench.csv", index=False)
+    write_manifest(root, tables_1_2={"bits_per_dim": ["images/mnist_cpu"], "images_per_s": image_columns(1, ())},
+                   table_4=image_columns(1, ()), table_5=image_columns(1, ()), kernels=["kernels/cpu"])
     md = build(root, root / "REPORT.md")
     assert "GPU: not measured yet" in md.split("\n## ", 1)[0]
     for section in ("### Table 1: MNIST", "### Table 4, MNIST", "### Table 5, CIFAR-10"):
@@ -365,7 +390,7 @@ def test_without_gpu_results_the_report_says_not_measured_yet(tmp_path):
         assert [h.strip() for h in gpu_columns] == ["our GPU: not measured yet"] * (2 if "Table 1" in section else 1)
     targets = md.split("### Kernel targets (GPU: not measured yet)", 1)[1].split("\n### ", 1)[0]
     assert targets.count("| not measured yet | not measured yet |") == 6
-    assert "Not run yet (no results/gpu/ folder)" in md
+    assert "Not run yet (no GPU run in results/claims.yaml)" in md
 
 
 def test_a_kernel_target_without_its_peer_is_not_measured(tmp_path):
@@ -374,6 +399,7 @@ def test_a_kernel_target_without_its_peer_is_not_measured(tmp_path):
     pd.DataFrame([bench_row(H100, "cupy", "bf16", "fwd", 0.3), bench_row(H100, "cupy", "fp32", "fwd", 0.3),
                   bench_row(H100, "fast_transformers", "fp32", "fwd", None, status="missing: not built")]).to_csv(
         d / "bench.csv", index=False)
+    write_manifest(tmp_path / "results", kernels=["kernels/h100"])
     md = build(tmp_path / "results", tmp_path / "R.md")
     section = f"### Kernel targets on {H100}\n"
     assert row(md, "faster than fla's chunk kernel, bf16, forward", section)[1:] == [
@@ -418,16 +444,21 @@ def _cpu_speed_csv(path, threads, layer_256, peer=True, sha="abc123", device="In
         json.dumps({"command": f"python -m repro.reproduction.cpu_speed --threads {threads}"}))
 
 
-def test_the_cpu_speed_section_shows_the_newest_run_per_thread_count(tmp_path):
-    """Issue 18's table in the report: one table per thread count from its newest cpu_speed run
-    (an older run of the same thread count is left out), each measure against what it is set
-    against, its target, and met or not; a missing peer says why."""
+def test_the_cpu_speed_section_shows_the_runs_the_manifest_names(tmp_path):
+    """The CPU speed's tables in the report: one per run the manifest names, in its order (a newer
+    run it does not name is left out: the report used to take the newest per thread count), each
+    measure against what it is set against, its target, and met or not; a missing peer says why. A
+    run of some rows only (named after them) named there is one line: its table lacks the rest."""
     speed = tmp_path / "cpu_speed"
     _cpu_speed_csv(speed / "cpu_speed_1t_20261123T100000.csv", 1, 0.9, sha="old1")
     _cpu_speed_csv(speed / "cpu_speed_1t_20261123T120000.csv", 1, 1.05, sha="new1")
     _cpu_speed_csv(speed / "cpu_speed_2t_20261123T110000.csv", 2, 0.95, peer=False, sha="two2")
+    _cpu_speed_csv(speed / "cpu_speed_2t_20261124T110000.csv", 2, 1.5, sha="newer2")  # not named
     _cpu_speed_csv(speed / "cpu_speed_1t_20261127T090000.csv", 1, 1.2, sha="amd1", device="AMD EPYC (2 cores)",
                    fused=True)
+    named = [f"cpu_speed/cpu_speed_{run}.csv" for run in ("1t_20261127T090000", "1t_20261123T120000",
+                                                          "2t_20261123T110000")]
+    write_manifest(tmp_path, cpu_speed=named)
     md = build(tmp_path, tmp_path / "REPORT.md")
     section = md.split("## CPU speed of the core", 1)[1].split("\n## ", 1)[0]
     amd, intel = section.split("**1 thread**")[1:]  # one table per CPU and thread count, the CPUs by name
@@ -447,7 +478,12 @@ def test_the_cpu_speed_section_shows_the_newest_run_per_thread_count(tmp_path):
     assert "| 1.04 s per image | matvec floor 0.794 s | 1.31× the floor | ≤ 1.4× | yes |" in row_of(
         one, "batch-1 generation, MNIST")
     assert "2.20× | ≤ 2.5× | yes" in row_of(one, "backward, dense gradient")
-    assert "## Other results" not in md  # the folder is the section's, not listed again
+    assert "newer2" not in md and "## Other results" not in md
+    _cpu_speed_csv(speed / "cpu_speed_1t_20261128T090000_layer.csv", 1, 1.2)
+    write_manifest(tmp_path, cpu_speed=[*named, "cpu_speed/cpu_speed_1t_20261128T090000_layer.csv"])
+    with pytest.raises(SystemExit, match=r"^error: report.cpu_speed\[3\]: cpu_speed/cpu_speed_1t_20261128T090000_layer"
+                                         r".csv is not a run of every row"):
+        main(["--results", str(tmp_path)])
 
 
 # ----------------------------------------------------------------------------- the declared tables (schema)
@@ -497,41 +533,43 @@ def test_every_section_module_declares_what_it_reads():
         assert all(isinstance(t, Table) for t in getattr(m, "TABLES", [])), m.__name__
 
 
-def test_a_column_takes_one_run_never_a_mix_of_folders(tmp_path):
+def test_a_column_takes_the_one_run_the_manifest_names_never_a_mix_of_folders(tmp_path):
     """Two CPU runs of Table 1: one with softmax and linear (400 steps), one with all four
-    attentions (600 steps). The CPU column takes the second alone (the most attentions), says so
-    and names the folder it left out; it used to take each attention from whichever folder was
-    read last (here z_short), so LSH-4 (600 steps) stood beside softmax (400 steps)."""
+    attentions (600 steps). The CPU column takes the one the manifest names alone, here the
+    smaller (the old rule took the folder with the most attentions), and each attention from it
+    (it once took each from whichever folder was read last)."""
     for folder, values in (("z_short", {"softmax": 1.9, "linear": 1.8}),
                            ("b_long", {"softmax": 1.7, "linear": 1.65, "lsh-4": 1.6, "lsh-1": 1.66})):
         (tmp_path / folder).mkdir()
         pd.DataFrame([{"dataset": "mnist", "attention": a, "eval_bits_per_dim": v, "device": CPU, "status": "ok"}
                       for a, v in values.items()]).to_csv(tmp_path / folder / "bpd_final.csv", index=False)
+    write_manifest(tmp_path, tables_1_2={"bits_per_dim": ["z_short"]})
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    for att, v in (("softmax", "1.9"), ("linear", "1.8"), ("lsh-4", "not yet run")):
+        assert cells(md, att, "### Table 1: MNIST")["our bits/dim, CPU"] == v
+    assert "Our bits/dim, CPU: one run, `z_short`" in md and "b_long" not in md
+    write_manifest(tmp_path, tables_1_2={"bits_per_dim": ["b_long"]})
     md = build(tmp_path, tmp_path / "REPORT.md")
     for att, v in (("softmax", "1.7"), ("linear", "1.65"), ("lsh-4", "1.6")):
         assert cells(md, att, "### Table 1: MNIST")["our bits/dim, CPU"] == v
-    assert "Our bits/dim, CPU: one run, `b_long`" in md and "left out of this column, not mixed in: `z_short`" in md
     # the commits its runs were made at, from the folder's raw rows: one per attention where they
     # differ (runs added in a later GPU window)
     (tmp_path / "b_long" / "image_rows.jsonl").write_text("".join(
         json.dumps({"attention": a, "kind": "final", "git_sha": sha}) + "\n"
         for a, sha in (("softmax", "aaaaaaa1111"), ("linear", "bbbbbbb2222"), ("lsh-4", "aaaaaaa1111"))))
     md = build(tmp_path, tmp_path / "REPORT.md")
-    assert f"; {CPU}, git aaaaaaa (softmax, lsh-4), bbbbbbb (linear))" in md
+    assert f"`b_long` ({CPU}, git aaaaaaa (softmax, lsh-4), bbbbbbb (linear))" in md
     (tmp_path / "b_long" / "image_rows.jsonl").write_text(json.dumps({"attention": "linear", "git_sha": "ccccccc3"}))
-    assert f"; {CPU}, git ccccccc)" in build(tmp_path, tmp_path / "REPORT.md")
-    (tmp_path / "b_long" / "image_rows.jsonl").unlink()
-    (tmp_path / "b_long" / "bpd_final.csv").unlink()  # one run alone: taken, no note
-    md = build(tmp_path, tmp_path / "REPORT.md")
-    assert cells(md, "softmax", "### Table 1: MNIST")["our bits/dim, CPU"] == "1.9" and "left out" not in md
+    assert f"`b_long` ({CPU}, git ccccccc)" in build(tmp_path, tmp_path / "REPORT.md")
 
 
-def test_an_images_per_s_column_holds_one_run_at_one_batch(tmp_path):
+def test_an_images_per_s_column_holds_the_named_run_at_its_batch(tmp_path):
     """Three CPU throughput runs: a loaded one of three methods at batches 1 and 10, a run of linear
     alone at batch 64 (another machine), a quiet run of two methods at batch 1 measured in full.
-    Table 4's CPU column takes the loaded run at batch 10 alone (the most methods, the larger batch),
-    marks each of its values loaded (and extrapolated where it was), names what it left out, and
-    never shows the batch-64 value; the quiet run gets a column of its own."""
+    Table 4's columns are the loaded run at batch 10 and the quiet run at batch 1 (named quiet), as
+    the manifest says: each value marked loaded (and extrapolated where it was), each run named
+    under the table with its command, the batch-64 run never shown. Table 5 names the quiet run
+    alone: the old ranking put the loaded run (the most cells) first there."""
     def run(folder, rows, load, device=CPU):
         (tmp_path / folder).mkdir()
         pd.DataFrame([{"size": "mnist", "method": m, "batch": b, "images_per_s": v, "seconds_per_image": 1 / v,
@@ -544,27 +582,30 @@ def test_an_images_per_s_column_holds_one_run_at_one_batch(tmp_path):
                                                                ("stateful-softmax", 0.2)) for b in (1, 10)], 5.0)
     run("big_batch", [("linear", 64, 99.0, False)], 1.0, device="Intel(R) Xeon(R) Processor (2 cores, 1 threads)")
     run("quiet", [("linear", 1, 0.5, False), ("stateful-softmax", 1, 0.4, False)], 0.9)
+    write_manifest(tmp_path, table_5=[{"folder": "quiet", "batch": 1}],
+                   table_4=[{"folder": "loaded", "batch": 10}, {"folder": "quiet", "batch": 1, "quiet": True}])
     md = build(tmp_path, tmp_path / "REPORT.md")
     t4 = cells(md, "linear", "### Table 4, MNIST")
     assert t4["our images/s, CPU, batch 10"] == "3 (loaded)" and t4["our images/s, CPU, batch 1, quiet run"] == "0.5"
     assert cells(md, "softmax", "### Table 4, MNIST")["our images/s, CPU, batch 10"] == "0.1 (extrapolated, loaded)"
     assert cells(md, "softmax", "### Table 4, MNIST")["our images/s, CPU, batch 1, quiet run"] == "not in this run"
     section = md.split("### Table 4, MNIST", 1)[1].split("\n### ", 1)[0]
-    assert "99" not in section.split("\n\n")[1]  # the table itself: no batch-64 value mixed in
+    assert "99" not in section.split("\n\n")[1] and "big_batch" not in md  # the table itself: no batch-64 value
     assert ("Our images/s, CPU, batch 10: one run, `loaded` (AMD EPYC (2 cores, 1 threads), git abcdef1, 1-min load "
-            "5.0-5.0): `python run.py task=throughput task.publish=loaded`; left out of this column, not mixed in: "
-            "`big_batch` (batch 64), `loaded` (batch 1).") in section
+            "5.0-5.0): `python run.py task=throughput task.publish=loaded`.") in section
     assert "Our images/s, CPU, batch 1, quiet run: one run, `quiet`" in section
-    # Table 5 (batch 1): the loaded run is still the most complete; the quiet one beside it
-    t5 = cells(md, "linear", "### Table 5, MNIST")
-    assert (t5["our s/image, CPU, batch 1"], t5["our s/image, CPU, batch 1, quiet run"]) == ("3.333 (loaded)", "2")
+    assert cells(md, "linear", "### Table 5, MNIST")["our s/image, CPU, batch 1"] == "2"
+    table_5 = md.split("### Table 5, MNIST", 1)[1].split("\n### ", 1)[0]
+    assert "Our s/image, CPU, batch 1: one run, `quiet`" in table_5 and "`loaded`" not in table_5
 
 
-def test_figure1_sets_two_runs_of_one_point_side_by_side(tmp_path):
-    """Two CPU runs measure linear at N = 512 (different code, batch and memory method): a table
-    sets the two values side by side with what differs; each run names its code version and
-    tokens per point; a run of other lengths prints no rows of points it never tried."""
-    for folder, ms, batch, sha in (("fig_a", 127.0, 32, "aaaaaaa111"), ("fig_b", 36.0, 8, "bbbbbbb222")):
+def test_figure1_shows_the_runs_the_manifest_names_in_its_order(tmp_path):
+    """Three CPU runs measure linear at N = 512 (different code, batch and memory method): Figure 1
+    shows the two the manifest names, in its order, each naming what sets it apart (code version,
+    tokens per point, memory method); the third is not shown; a run of other lengths prints no rows
+    of points it never tried."""
+    for folder, ms, batch, sha in (("fig_a", 127.0, 32, "aaaaaaa111"), ("fig_b", 36.0, 8, "bbbbbbb222"),
+                                   ("fig_c", 50.0, 8, "ccccccc333")):
         (tmp_path / folder).mkdir()
         pd.DataFrame([{"attention": "linear", "n": 512, "batch": batch, "repeats": 3, "status": "ok",
                        "time_per_sample_ms": ms, "mem_per_sample_mb": 12.0, "causal": True, "device": CPU,
@@ -574,12 +615,14 @@ def test_figure1_sets_two_runs_of_one_point_side_by_side(tmp_path):
     pd.DataFrame([{"attention": "softmax", "n": 8192, "batch": 1, "repeats": 1, "status": "ok",
                    "time_per_sample_ms": 9.0, "mem_per_sample_mb": 1.0, "causal": True, "device": CPU}]).to_csv(
         tmp_path / "fig_limits" / "benchmark.csv", index=False)
+    write_manifest(tmp_path, figure1=["fig_b", "fig_a", "fig_limits"])
     md = build(tmp_path, tmp_path / "REPORT.md")
-    same = md.split("### The same point in several runs", 1)[1].split("\n### ", 1)[0]
-    assert [r[3:8] for r in (row(same, "linear | 512 | CPU, causal | `fig_a`", "| attention"),
-                             row(same, "linear | 512 | CPU, causal | `fig_b`", "| attention"))] == [
-        ["`fig_a`", "127", "12", "aaaaaaa", "16,384"], ["`fig_b`", "36", "12", "bbbbbbb", "4,096"]]
+    assert md.index("### fig_b (causal)") < md.index("### fig_a (causal)") < md.index("### fig_limits (causal)")
+    assert "fig_c" not in md and "ccccccc" not in md
+    assert row(md, "linear | linear | 512", "### fig_a (causal)")[4] == "127"
+    assert row(md, "linear | linear | 512", "### fig_b (causal)")[4] == "36"
     assert "Run: git aaaaaaa; 2026-11-23; 16,384 tokens per point (batch x N); 3 timed repeats; memory: peak RSS" in md
+    assert "Run: git bbbbbbb; 2026-11-23; 4,096 tokens per point (batch x N)" in md
     limits = md.split("### fig_limits (causal)", 1)[1].split("\n### ", 1)[0]
     assert "| softmax |" not in limits.split("Slopes")[0] and "hold none of the paper's read-off points" in limits
 
@@ -593,6 +636,7 @@ def test_figure1_shows_the_bytes_kept_for_backward_and_the_memory_spread(tmp_pat
         tmp_path / "fig" / "benchmark.csv", index=False)
     (tmp_path / "fig" / "summary.json").write_text(json.dumps({"attentions": {
         "linear": {"time_slope_all": 1.0, "mem_slope_all": 1.0, "saved_slope_all": 0.99, "largest_n": 512}}}))
+    write_manifest(tmp_path, figure1=["fig"])
     md = build(tmp_path, tmp_path / "REPORT.md")
     assert cells(md, "linear | linear | 512", "### fig")["our MB/sample kept for backward"] == "4.5"
     assert cells(md, "linear | linear | 512", "### fig")["our MB/sample (peak; min-max over passes)"] == "12 (11-14)"
@@ -607,6 +651,7 @@ def test_table_3_marks_timed_updates_and_sets_both_softmaxes_beside_the_paper(tm
                   for m, w, c in (("softmax", 30.0, 17.5), ("softmax-math", 58.0, 38.5), ("linear", 16.0, 11.5))]
                  ).to_csv(tmp_path / "speed" / "asr_table.csv", index=False)
     (tmp_path / "speed" / "asr_rows.jsonl").write_text(json.dumps({"device": CPU, "label": "CPU timing run"}) + "\n")
+    write_manifest(tmp_path, table_3=["speed"])
     md = build(tmp_path, tmp_path / "REPORT.md")
     assert row(md, "softmax | softmax-math", "### speed")[2:] == [
         "5.12", "timing run", "2711", "58 (from 8 updates)", "38.5 (from 8 updates)"]
@@ -624,17 +669,21 @@ def test_figure2_gives_the_spread_and_what_the_loss_scores(tmp_path):
                      ).to_csv(tmp_path / folder / "copy_final.csv", index=False)
         row_ = {"attention": "linear", "device": CPU, **({} if flag is None else {"score_separator": flag})}
         (tmp_path / folder / "copy_rows.jsonl").write_text(json.dumps(row_) + "\n")
+    write_manifest(tmp_path, figure2=["ours", "authors"])
     md = build(tmp_path, tmp_path / "REPORT.md")
     assert "### ours\n\nHardware" in md and "Scored: copy\n" in md.split("### ours", 1)[1]
     assert "Scored: copy + separator\n" in md.split("### authors", 1)[1]
     assert row(md, "32 | linear", "### ours")[4] == "0.3 ± 0.05"
 
 
-def test_archived_runs_are_kept_but_never_reported(tmp_path):
-    """results/archive/ holds runs superseded by newer ones: no table, no "Other results" line."""
+def test_an_archived_run_is_kept_but_never_read_or_reported(tmp_path):
+    """A run the manifest lists as archived (superseded), wherever it lies: no table, no "Other
+    results" line, and its files are never read (a damaged one stops nothing). The report used to
+    leave out results/archive/ by its name and read every other folder."""
     fake_results(tmp_path)
-    old = tmp_path / "archive" / "fig1_old"
-    shutil.copytree(tmp_path / "fig1", old)
+    shutil.copytree(tmp_path / "fig1", tmp_path / "fig1_old")
+    (tmp_path / "fig1_old" / "benchmark.csv").write_text("attention,n\nlinear,5")  # torn: no newline at its end
+    fake_manifest(tmp_path, archived={"fig1_old": "superseded by fig1"})
     md = build(tmp_path, tmp_path / "REPORT.md")
     assert "fig1_old" not in md and "### fig1 (causal)" in md
 
@@ -733,6 +782,7 @@ def test_a_failed_run_is_shown_failed_with_its_status_in_every_section(tmp_path)
     pd.read_csv(path).assign(status=bad).to_csv(path, index=False)
     path = tmp_path / "throughput" / "cpu_measured" / "throughput.csv"
     pd.read_csv(path).assign(status="oom").to_csv(path, index=False)
+    fake_manifest(tmp_path, figure2=["copy/diverged"])
     img = tmp_path / "images" / "mnist"
     pd.DataFrame([{"dataset": "mnist", "attention": "linear", "bits_per_dim": None, "device": CPU, "status": bad},
                   {"dataset": "mnist", "attention": "softmax", "bits_per_dim": 1.5, "device": CPU,

@@ -1,12 +1,15 @@
 """The report's "Beyond the paper" section: its four tables from rows written as the tasks write
 them (copy_rows.jsonl, bpd_final.csv + image_rows.jsonl, throughput.csv, asr_table.csv +
-asr_rows.jsonl), the judged question where linear runs out and the "matches softmax" case, failed
-runs and missing folders, and its folders kept out of the paper's sections."""
+asr_rows.jsonl) in the folders the manifest names for it, the judged question where linear runs
+out and the "matches softmax" case, failed runs and runs not named, and its folders kept out of
+the paper's sections."""
 import json
+import shutil
 import statistics
 
 import pandas as pd
 import pytest
+from report_manifest import write_manifest
 
 from repro.common.results import REPO
 from repro.reproduction import verdicts
@@ -17,6 +20,7 @@ from repro.reproduction.verdicts import Seeds
 CPU = "AMD EPYC (2 cores, 1 threads)"
 TITLE = "## Beyond the paper: linear attention's successors"
 LENGTHS, N128, FIG2 = "copy/lengths_successors_cpu", "copy/successors_n128_cpu", "copy/figure2_n128_cpu"
+MNIST_FOLDER, SPEED_FOLDER, ASR_FOLDER = "images/successors_cpu", "throughput/successors_cpu", "asr/successors_cpu"
 SETUP = {"task": "copy", "min_copy": 32, "max_copy": 62, "n_layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 128,
          "batch_size": 32, "max_steps": 4000, "score_separator": False, "device": CPU}
 
@@ -43,6 +47,19 @@ def _with_evals(finals):
 def _write_rows(folder, rows, name="copy_rows.jsonl"):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _name(root):
+    """The manifest of `root`: the successors' section names each of its folders that is there."""
+    parts = {"copy": [f for f in (LENGTHS, N128) if (root / f).is_dir()], "softmax_128": FIG2,
+             "mnist": MNIST_FOLDER, "speed": SPEED_FOLDER, "speech": ASR_FOLDER}
+    there = {k: v for k, v in parts.items() if v and (isinstance(v, list) or (root / v).is_dir())}
+    write_manifest(root, successors=there)
+
+
+def _build(root):
+    _name(root)
+    return build(root, root / "R.md")
 
 
 def _section(md):
@@ -84,7 +101,7 @@ def test_the_judged_question_where_linear_runs_out_and_where_it_matches_softmax(
                                                   "delta": [0.2, 0.21, 0.19, 0.2, 0.21]}))
     _write_rows(tmp_path / FIG2, _with_evals(_copy_rows(128, {"softmax": [0.004, 0.005, 0.0045, 0.004, 0.005],
                                                              "lsh-4": [0.05, 0.06, 0.05, 0.05, 0.06]})))
-    md = build(tmp_path, tmp_path / "R.md")
+    md = _build(tmp_path)
 
     assert "runs out: above softmax (gap" in _cells(md, COPY, 64, "linear")[JUDGED]
     judged = {a: _cells(md, COPY, 64, a)[JUDGED]
@@ -118,7 +135,7 @@ def test_no_ceiling_from_another_schedule_and_fewer_seeds_are_a_measurement(tmp_
     _write_rows(tmp_path / N128, _copy_rows(128, {"linear": [0.3, 0.31], "gla": [0.1, 0.12]}, steps=1500,
                                             max_steps=1500, loadavg_1min_end=4.0))
     _write_rows(tmp_path / FIG2, _with_evals(_copy_rows(128, {"softmax": [0.004, 0.005, 0.0045]})))  # 4,000 updates
-    md = build(tmp_path, tmp_path / "R.md")
+    md = _build(tmp_path)
     assert "No softmax at N = 128: `copy/figure2_n128_cpu` ran another model or schedule." in md
     assert _cells(md, COPY, 128, "softmax")["held-out loss, mean ± sd"] == "not run"
     assert _cells(md, COPY, 128, "gla")[JUDGED] == \
@@ -128,7 +145,7 @@ def test_no_ceiling_from_another_schedule_and_fewer_seeds_are_a_measurement(tmp_
     assert "`copy/lengths_successors_cpu`: not yet run: `OMP_NUM_THREADS=1 python run.py -m " \
            "experiment=copy_lengths_successors_cpu" in md
     _write_rows(tmp_path / N128, _copy_rows(128, {"softmax": [0.01, 0.02], "linear": [0.3, 0.31], "gla": [0.1, 0.12]}))
-    md = build(tmp_path, tmp_path / "R.md")
+    md = _build(tmp_path)
     assert _cells(md, COPY, 128, "linear")[JUDGED].startswith(
         "measured, not judged (2 seed(s) a side; judged from 5; gap 0.29, 95 % CI [")
     assert "measured, not judged (2 seed(s) a side; judged from 5; gap 0.195, 95 % CI [" in \
@@ -141,11 +158,11 @@ def test_a_copy_row_without_its_loss_is_one_error_naming_the_file_and_line(tmp_p
     del rows[4]["eval_loss"]
     _write_rows(tmp_path / N128, rows)
     with pytest.raises(SchemaError, match=r"successors_n128_cpu/copy_rows\.jsonl, line 5: no field 'eval_loss'"):
-        build(tmp_path, tmp_path / "R.md")
+        _build(tmp_path)
     text = "".join(json.dumps(r) + "\n" for r in _copy_rows(128, {"linear": [0.30, 0.31, 0.29]}))
     (tmp_path / N128 / "copy_rows.jsonl").write_text(text[:-40])
     with pytest.raises(SchemaError, match=r"copy_rows\.jsonl, line 3: the last line is cut off"):
-        build(tmp_path, tmp_path / "R.md")
+        _build(tmp_path)
 
 
 def _mnist(root, **status):
@@ -200,7 +217,7 @@ def test_mnist_speed_and_speech_tables_from_written_rows(tmp_path):
                            ("gla", 1, 3.0, {"extrapolated": True}), ("gla", 64, 0.6, {"status": "oom"}),
                            ("delta", 1, 4.0, {})])
     _asr(tmp_path, {"gla": "error: diverged"})
-    md = build(tmp_path, tmp_path / "R.md")
+    md = _build(tmp_path)
 
     m = "MNIST: bits/dim"
     assert _cells(md, m, "linear") == {"attention": "linear", "held-out bits/dim": "1.6", "train loss (nats)": "1.01",
@@ -239,18 +256,18 @@ def test_damaged_successor_tables_fail_as_the_other_sections_do(tmp_path):
     df = pd.read_csv(folder / "bpd_final.csv").drop(columns="train_loss_nats")
     df.to_csv(folder / "bpd_final.csv", index=False)
     with pytest.raises(SchemaError, match=r"images/successors_cpu/bpd_final\.csv: no column 'train_loss_nats'"):
-        build(tmp_path, tmp_path / "R.md")
-    (folder / "bpd_final.csv").unlink()
+        _build(tmp_path)
+    shutil.rmtree(folder)
     folder = _asr(tmp_path)
     pd.read_csv(folder / "asr_table.csv").drop(columns="valid_per_%").assign(per_x=1).to_csv(
         folder / "asr_table.csv", index=False)
     with pytest.raises(SchemaError, match=r"asr/successors_cpu/asr_table\.csv: no column 'valid_per_%'"):
-        build(tmp_path, tmp_path / "R.md")
+        _build(tmp_path)
 
 
 def test_missing_folders_say_not_yet_run_with_their_command(tmp_path):
     (tmp_path / "elsewhere").mkdir()
-    section = _section(build(tmp_path, tmp_path / "R.md"))
+    section = _section(_build(tmp_path))
     for folder, preset in [(N128, "copy_successors_cpu"), (LENGTHS, "copy_lengths_successors_cpu"),
                            ("images/successors_cpu", "mnist_successors_cpu"),
                            ("throughput/successors_cpu", "throughput_successors_cpu"),
@@ -275,6 +292,7 @@ def test_the_successors_folders_stay_out_of_the_papers_sections(tmp_path):
     _mnist(tmp_path)
     _throughput(tmp_path, [(m, b, 2.0, {}) for m in ("linear", "stateful-softmax", "gla") for b in (1, 64)])
     _asr(tmp_path)
+    _name(tmp_path)
     found = sections(tmp_path, tmp_path / "R.md")
     shown = [name for name in ("figure1", "figure2", "tables_1_2", "table_4", "table_5", "table_3", "others", "claims")
              if "successors" in found[name] or "| gla" in found[name]]
@@ -283,5 +301,5 @@ def test_the_successors_folders_stay_out_of_the_papers_sections(tmp_path):
     assert "### asr/" not in found["table_3"]
     assert "not yet run" in found["tables_1_2"]
     for heading in ("MNIST: bits/dim", "Generation speed", "Speech recognition"):
-        assert "| gla |" in _part(build(tmp_path, tmp_path / "R.md"), heading)
-    assert _cells(build(tmp_path, tmp_path / "R.md"), COPY, 64, "gla")["updates"] == "4,000"
+        assert "| gla |" in _part(_build(tmp_path), heading)
+    assert _cells(_build(tmp_path), COPY, 64, "gla")["updates"] == "4,000"

@@ -1,9 +1,9 @@
 """Does the suite reproduce the paper's claims? One markdown table, claim by claim, rendered from
-the committed CPU-sized runs (results/...): what the paper says, what the runs here measured, and
-a verdict. The learning claims (copy, MNIST) are judged over the seeds of one declared run each
-(at least verdicts.MIN_SEEDS a side, finals unsmoothed) by the interval rules of
-repro.reproduction.verdicts (reproduced / contradicted / undecided at this scale);
-the speed claims are single measurements against the paper's ratios.
+the committed runs results/claims.yaml names for them (repro.reproduction.manifest: its `claims`):
+what the paper says, what the runs here measured, and a verdict. The learning claims (copy,
+MNIST) are judged over the seeds of one declared run each (at least verdicts.MIN_SEEDS a side,
+finals unsmoothed) by the interval rules of repro.reproduction.verdicts (reproduced / contradicted /
+undecided at this scale); the speed claims are single measurements against the paper's ratios.
 
     python -m repro.reproduction.claims            # print the section (README "Does it reproduce the paper's claims?")
 
@@ -20,6 +20,8 @@ import pandas as pd
 
 from repro.common import paper
 from repro.common.results import REPO
+from repro.reproduction import manifest as manifests
+from repro.reproduction.manifest import Manifest, ManifestError
 from repro.reproduction.report.figure2 import COPY_ROWS
 from repro.reproduction.report.schema import Rows, Table, failed, read_json, read_rows, read_table
 from repro.reproduction.verdicts import (
@@ -83,7 +85,9 @@ def growth_verdict(leads: dict[int, float], margin: float = GROWTH_MARGIN) -> st
 # ----------------------------------------------------------------------------- the runs
 
 def _missing(claim, paper, folder):
-    return Claim(claim, paper, f"no run in `{folder}`", f"{NOT_TESTABLE}: not run")
+    """A claim with no run: the manifest names none for it (folder None), or its folder lacks the file."""
+    here = f"no run in `{folder}`" if folder else f"no run named for it in `results/{manifests.NAME}`"
+    return Claim(claim, paper, here, f"{NOT_TESTABLE}: not run")
 
 
 # What each claim reads, declared as the report's sections declare theirs (repro.reproduction.report.schema):
@@ -113,8 +117,6 @@ def _not_judged(claims, folder, lost) -> list[Claim]:
     return [Claim(c, p, f"`{folder}`: {lost}", f"{NOT_TESTABLE}: a run failed ({lost})") for c, p in claims]
 
 
-COPY_FOLDER = "copy/figure2_n128_cpu"  # N = 128 as the paper, 3 seeds (conf/experiment/copy_claims_n128_cpu.yaml)
-MNIST_FOLDER = "images/mnist_claims_seeds_cpu"  # 3 seeds (conf/experiment/mnist_claims_seeds_cpu.yaml)
 COPY_CLAIMS = ("Figure 2: linear converges to softmax's loss on the copy task (N = 128, copies of 32-62 symbols)",
                "Figure 2: LSH-4 ends above both")
 MNIST_CLAIMS = ("Table 1: MNIST bits/dim, softmax < linear < LSH-4 < LSH-1 (equal epochs; here equal steps)",
@@ -132,12 +134,11 @@ def _held_out_digits(rows: pd.DataFrame) -> str:
     return f" on {int(n.min()):,} held-out digits" if len(n) else ""
 
 
-def copy_claims(results: Path) -> list[Claim]:
-    folder = COPY_FOLDER
+def copy_claims(results: Path, folder: str | None) -> list[Claim]:
     c1, c2 = COPY_CLAIMS
     p1 = f"curves only (no numbers); {paper.FIGURE2_SETUP}"
-    path = results / folder / "copy_rows.jsonl"
-    if not path.exists():
+    path = results / str(folder) / "copy_rows.jsonl"
+    if folder is None or not path.exists():
         return [_missing(c1, p1, folder), _missing(c2, "curves only", folder)]
     rows = pd.DataFrame(read_rows(path, results, COPY_ROWS))
     lost = _failed(rows[(rows.kind == "final") & rows.attention.isin(["softmax", "linear", "lsh-4"])])
@@ -188,15 +189,14 @@ def _order_verdict(seeds: dict[str, Seeds], order: list[str]) -> tuple[str, str]
     return overall, "; ".join(f"{a} < {b}: {v} ({why})" for a, b, v, why in judged)
 
 
-def mnist_claims(results: Path) -> list[Claim]:
-    folder = MNIST_FOLDER
+def mnist_claims(results: Path, folder: str | None) -> list[Claim]:
     order = list(PAPER_MNIST_BPD)
     p1 = " < ".join(f"{a} {v}" for a, v in PAPER_MNIST_BPD.items()) + " (Table 1: equal epochs, 250 each)"
     c1, c2 = MNIST_CLAIMS
     cifar = {a: paper.BITS_PER_DIM["cifar10"][a][0] for a in ("linear", "softmax")}
     p2 = f"linear {cifar['linear']:.2f} < softmax {cifar['softmax']:.2f} (Table 2: CIFAR-10, 7 GPU-days each)"
-    path = results / folder / "image_rows.jsonl"
-    if not path.exists():
+    path = results / str(folder) / "image_rows.jsonl"
+    if folder is None or not path.exists():
         return [_missing(c1, p1, folder), _missing(c2, p2, folder)]
     rows = pd.DataFrame(read_rows(path, results, MNIST_ROWS))
     lost = _failed(rows[(rows.kind == "final") & rows.attention.isin(order)])
@@ -234,14 +234,13 @@ def mnist_claims(results: Path) -> list[Claim]:
     return out
 
 
-def figure1_claim(results: Path) -> Claim:
-    folder = "figure1-cpu"
+def figure1_claim(results: Path, folder: str | None) -> Claim:
     claim = "Figure 1: linear attention's time grows linearly with N, softmax's quadratically; linear reaches 65,536"
     paper_text = (f"log-log slopes: linear {paper.FIGURE1_SLOPES['linear']:g}, softmax "
                   f"{paper.FIGURE1_SLOPES['softmax']:g}; softmax stops at {paper.FIGURE1_LARGEST_N['softmax']:,} "
                   f"(memory, {paper.FIGURE1_HARDWARE}), linear reaches {paper.FIGURE1_LARGEST_N['linear']:,}")
-    path = results / folder / "summary.json"
-    if not path.exists():
+    path = results / str(folder) / "summary.json"
+    if folder is None or not path.exists():
         return _missing(claim, paper_text, folder)
     s = read_json(path, results)
     att, cross = s["attentions"], s.get("crossovers", {})
@@ -266,14 +265,13 @@ def figure1_claim(results: Path) -> Claim:
     return Claim(claim, paper_text, here, f"{verdict}: {why}{stopped}")
 
 
-def asr_claim(results: Path) -> Claim:
-    folder = "asr/speed_800_cpu"
+def asr_claim(results: Path, folder: str | None) -> Claim:
     ref = PAPER_ASR_S_PER_EPOCH
     paper_ratio = ref["softmax"] / ref["linear"]
     claim = "Table 3: linear trains 3.3x faster per epoch than softmax (WSJ, ~800 frames)"
     paper = f"{ref['softmax']} s vs {ref['linear']} s per epoch ({paper_ratio:.1f}x)"
-    path = results / folder / "asr_table.csv"
-    if not path.exists():
+    path = results / str(folder) / "asr_table.csv"
+    if folder is None or not path.exists():
         return _missing(claim, paper, folder)
     t = read_table(path, results, ASR_TABLE)
     lost = _failed(t[t.model.isin(["linear", "softmax", "softmax-math"])], "model")
@@ -304,16 +302,15 @@ def asr_claim(results: Path) -> Claim:
                  + "".join(f"; {o} ({meaning[o.split(' against ')[1]]})" for o in others))
 
 
-def batch_claim(results: Path) -> Claim:
-    folder = "throughput/batch64_cpu"
+def batch_claim(results: Path, folder: str | None) -> Claim:
     g = PAPER_MNIST_GPU_S_BATCH1
     ips = PAPER_MNIST_IMAGES_PER_S
     claim = ("Our observation, not the paper's claim (its Tables 1, 4 and 5 give one batch each): linear's lead "
              "over the key/value cache grows with the batch")
     paper = (f"MNIST: {g['stateful-softmax'] / g['linear']:.1f}x at batch 1, "
              f"{ips['linear'] / ips['stateful-softmax']:.0f}x in images/s (batch not stated)")
-    path = results / folder / "throughput.csv"
-    if not path.exists():
+    path = results / str(folder) / "throughput.csv"
+    if folder is None or not path.exists():
         return _missing(claim, paper, folder)
     t = read_table(path, results, BATCH_TABLE)
     t = t[t.status == "ok"].set_index(["method", "batch"])
@@ -338,18 +335,18 @@ def batch_claim(results: Path) -> Claim:
     return Claim(claim, paper, here, f"{MEASURED} (an observation of one run): {verdict}")
 
 
-GPU_FOLDER = "gpu/NVIDIA_H100_80GB_HBM3"  # the H100 runs (python -m repro.reproduce_gpu)
 GPU_MNIST = Table("bpd_final.csv", {"attention": str, "status": str}, {"steps": float, "time_per_step_ms": float})
 GPU_GENERATION = Table("throughput.csv", {"size": str, "method": str, "batch": float, "seconds_per_image": float,
                                           "images_per_s": float, "extrapolated": str, "status": str})
 GPU_METHODS = {"linear": "linear", "stateful-softmax": "the key/value cache", "softmax": "re-running the prefix"}
 
 
-def gpu_claims(results: Path) -> list[Claim]:
+def gpu_claims(results: Path, folder: str | None, mnist: str | None, cpu_batch: str | None = None) -> list[Claim]:
     """The H100 runs beside the CPU verdicts, as measurements (one run each): generation at batch 1
-    and at the largest batch against the key/value cache and re-running the prefix, and one MNIST
-    training step at the paper's model. A value marked * is extrapolated from part of an image."""
-    folder, out = GPU_FOLDER, []
+    and at the largest batch against the key/value cache and re-running the prefix (`folder`), and
+    one MNIST training step at the paper's model (`mnist`); set beside the CPU's batch-1 lead
+    (`cpu_batch`: the batch claim's run). A value marked * is extrapolated from part of an image."""
+    out = []
     g, ips = PAPER_MNIST_GPU_S_BATCH1, PAPER_MNIST_IMAGES_PER_S
     c1 = "On a GPU at the paper's sizes: linear generates faster than the key/value cache at batch 1 (Table 5)"
     p1 = (f"MNIST {g['linear']} s against {g['stateful-softmax']} s per image; CIFAR-10 "
@@ -357,8 +354,8 @@ def gpu_claims(results: Path) -> list[Claim]:
           f"{paper.SECONDS_PER_IMAGE['cifar10']['stateful-softmax'][1]} s (one GPU)")
     c2 = "On a GPU at a large batch: linear's lead over the key/value cache (Tables 1/4, images/s)"
     p2 = f"MNIST {ips['linear'] / ips['stateful-softmax']:.0f}x (batch not stated)"
-    path = results / folder / "generation" / "throughput.csv"
-    if path.exists():
+    path = results / str(folder) / "throughput.csv"
+    if folder is not None and path.exists():
         t = read_table(path, results, GPU_GENERATION)
         t = t[t.status == "ok"].set_index(["size", "method", "batch"])
 
@@ -375,7 +372,7 @@ def gpu_claims(results: Path) -> list[Claim]:
             prefix = value(size, "softmax", 1)[1] if (size, "softmax", 1) in t.index else "not run"
             shown1.append(f"{size} s/image: linear {lin_txt}, the cache {kv_txt}, re-running the prefix {prefix}")
             slower += [size] if lin > kv else []
-        cpu = _cpu_batch1_lead(results)
+        cpu = _cpu_batch1_lead(results, cpu_batch)
         differs = f"; differs from the CPU run, where linear is {cpu:.2f}x faster at batch 1" if slower and cpu else ""
         out.append(Claim(c1, p1, "H100, batch 1, fp32: " + "; ".join(shown1) + f" (* extrapolated) (`{folder}`)",
                          f"{MEASURED} (one run): linear "
@@ -392,26 +389,26 @@ def gpu_claims(results: Path) -> list[Claim]:
     else:
         out += [_missing(c1, p1, folder), _missing(c2, p2, folder)]
     c3 = "Not the paper's: one training step of the paper's MNIST model (8 layers, d_model 256, batch 10, fp32)"
-    path = results / folder / "mnist" / "bpd_final.csv"
-    if path.exists():
+    path = results / str(mnist) / "bpd_final.csv"
+    if mnist is not None and path.exists():
         t = read_table(path, results, GPU_MNIST).set_index("attention")
         ms = {a: t.loc[a, "time_per_step_ms"] for a in ("linear", "softmax")
               if a in t.index and "time_per_step_ms" in t and pd.notna(t.loc[a, "time_per_step_ms"])}
         here = ("H100: " + (", ".join(f"{a} {v:.0f} ms per step" for a, v in ms.items()) or "no step times")
-                + f" (`{folder}/mnist`)")
+                + f" (`{mnist}`)")
         verdict = f"{MEASURED} (one run)" + (f": linear {ms['linear'] / ms['softmax']:.2f}x softmax's time"
                                              if len(ms) == 2 else "")
         out.append(Claim(c3, "not stated", here, verdict))
     else:
-        out.append(_missing(c3, "not stated", folder))
+        out.append(_missing(c3, "not stated", mnist))
     return out
 
 
-def _cpu_batch1_lead(results: Path) -> float | None:
+def _cpu_batch1_lead(results: Path, folder: str | None) -> float | None:
     """How many times faster than the cache linear generates at batch 1 in the CPU claim run
     (batch_claim's folder, CPU time), or None."""
-    path = results / "throughput/batch64_cpu/throughput.csv"
-    if not path.exists():
+    path = results / str(folder) / "throughput.csv"
+    if folder is None or not path.exists():
         return None
     t = read_table(path, results, BATCH_TABLE)
     t = t[(t.status == "ok") & (t.batch == 1)].set_index("method")
@@ -430,11 +427,11 @@ def untestable() -> list[Claim]:
                   "a generated corpus stands in", f"{NOT_TESTABLE}: needs WSJ and a GPU (experiment=paper_wsj)")]
 
 
-def _unjudged(make, results_dir, names):
-    """make(results_dir), or, where a run holds a non-finite value (a diverged seed), its claims
-    shown as not judged with the reason: a verdict is never computed from a NaN."""
+def _unjudged(make, results_dir, folder, names):
+    """make(results_dir, folder), or, where a run holds a non-finite value (a diverged seed), its
+    claims shown as not judged with the reason: a verdict is never computed from a NaN."""
     try:
-        return make(results_dir)
+        return make(results_dir, folder)
     except ValueError as err:
         if "non-finite" not in str(err):
             raise
@@ -442,16 +439,21 @@ def _unjudged(make, results_dir, names):
                 for name in names]
 
 
-def claims(results_dir: Path) -> list[Claim]:
+def claims(results_dir: Path, manifest: Manifest | None = None) -> list[Claim]:
+    """Every claim, each judged from the folder the manifest (results_dir's claims.yaml unless
+    given) names for it."""
     results_dir = Path(results_dir)
-    return [figure1_claim(results_dir),
-            *_unjudged(copy_claims, results_dir, COPY_CLAIMS), *_unjudged(mnist_claims, results_dir, MNIST_CLAIMS),
-            asr_claim(results_dir), batch_claim(results_dir), *gpu_claims(results_dir), *untestable()]
+    named = (manifest or manifests.load(results_dir)).claim
+    return [figure1_claim(results_dir, named("figure1")),
+            *_unjudged(copy_claims, results_dir, named("copy"), COPY_CLAIMS),
+            *_unjudged(mnist_claims, results_dir, named("mnist"), MNIST_CLAIMS),
+            asr_claim(results_dir, named("asr")), batch_claim(results_dir, named("batch")),
+            *gpu_claims(results_dir, named("gpu_generation"), named("gpu_mnist"), named("batch")), *untestable()]
 
 
-def section(results_dir: Path) -> str:
+def section(results_dir: Path, manifest: Manifest | None = None) -> str:
     """The claims table in markdown (for the report and the README)."""
-    rows = claims(results_dir)
+    rows = claims(results_dir, manifest)
     cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = ["| Claim | Paper | Here (CPU-sized runs; the GPU rows: one H100 run each) | Verdict |",
              "|---|---|---|---|"]
@@ -464,5 +466,5 @@ if __name__ == "__main__":
 
     try:
         sys.stdout.write(section(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "results"))
-    except SchemaError as err:  # a damaged results file: one line naming it
+    except (SchemaError, ManifestError) as err:  # a damaged results file or manifest: one line naming it
         raise SystemExit(f"error: {err}") from None

@@ -1,42 +1,42 @@
 """python -m repro.report [--results results] [--out PATH] [--docs]: every table and figure of the paper
-beside ours, from whatever lies under results/, as one markdown file (results/REPORT.md, written
+beside ours, from the runs results/claims.yaml names, as one markdown file (results/REPORT.md, written
 atomically; --out writes a copy elsewhere, its figure links made relative to it).
 
-What it reads (the convention for results folders; any depth under results/):
-  benchmark.csv (+ summary.json, benchmark.png)   Figure 1        (task=benchmark)
-  copy_final.csv (+ copy_curves.png, ...)         Figure 2        (task=copy)
-  throughput.csv                                  Tables 1/2 and 4 images/s, Table 5 s/image (task=throughput)
-  any CSV with a bits_per_dim column              Tables 1/2 bits/dim; rows name `dataset` (mnist,
-                                                  cifar10) or carry it in `task`, and `attention`
-  any CSV with a PER column                       Table 3, one table per folder: `valid_per_%` /
-                                                  `per_%` (percent) or `per` (a fraction when <= 1);
-                                                  rows name `attention` (or `model`) and may carry
-                                                  seconds_per_epoch or s_per_epoch; a folder whose
-                                                  `label` (in the CSV or its .jsonl rows) says
-                                                  "timing run" gives seconds per epoch only
-  bench.csv (repro.reproduction.bench)                 the CUDA kernel's targets, one table per run
-  kernels.csv (task=kernels)                      the chunked path against the loop and naive formula
+Which runs: results/claims.yaml (repro.reproduction.manifest) names, for each section and each column
+of a table, the folder (or folders) that answer it; a section reads the folders named for it and no
+other, and a folder the manifest does not name is not read at all. What each section reads there:
+  benchmark.csv (+ summary.json, benchmark.png)   Figure 1        (task=benchmark; report.figure1)
+  copy_final.csv (+ copy_curves.png, ...)         Figure 2        (task=copy; report.figure2)
+  throughput.csv                                  Tables 1/2 and 4 images/s, Table 5 s/image (task=throughput),
+                                                  one run at one batch a column (report.tables_1_2.images_per_s,
+                                                  report.table_4, report.table_5)
+  a CSV with a bits_per_dim column                Tables 1/2 bits/dim, one folder per hardware (rows name
+                                                  `dataset` (mnist, cifar10) or carry it in `task`, and
+                                                  `attention`; report.tables_1_2.bits_per_dim)
+  a CSV with a PER column                         Table 3, one table per folder: `valid_per_%` / `per_%`
+                                                  (percent) or `per` (a fraction when <= 1); rows name
+                                                  `attention` (or `model`) and may carry seconds_per_epoch
+                                                  or s_per_epoch; a folder whose `label` (in the CSV or its
+                                                  .jsonl rows) says "timing run" gives seconds per epoch only
+  bench.csv, kernels.csv                          the kernels (repro.reproduction.bench, task=kernels)
   bpd_vs_time.csv (+ .png)                        MNIST bits/dim against training time (reproduce_gpu)
   <step>/status.json, env/env.json, env/kernel_tests.xml   each reproduce_gpu run's steps, environment
-                                                  and kernel tests
-  cpu_speed_<T>t_<time>.csv (+ .json)             the CPU speed of the core, the newest run
-                                                  per thread count T (repro.reproduction.cpu_speed)
+                                                  and kernel tests (report.gpu_runs: the run's folder)
+  cpu_speed_<T>t_<time>.csv (+ .json)             the CPU speed of the core (report.cpu_speed: the runs)
   rows carry `device` (the hardware) as every result row does (for Tables 1/2 bits/dim and Table 3,
   the run rows in a .jsonl beside the CSV may carry it instead). Tables 1, 2, 4 and 5 give ours in
-  one column per hardware: CPU (any CPU), and each GPU by its name; a cell never mixes hardware.
+  columns by hardware: CPU (any CPU), and each GPU by its name; a cell never mixes hardware or runs.
 The commands that produced a folder: its `command.txt` (one command a line, a trailing backslash
 continuing one; task.publish writes it), else the first `python ...` command in the folder's README.md,
-or in the nearest parent's README.md under results/ one on a line naming the folder. A paper table
-with no result of ours says "not yet run". A damaged file or a missing declared column stops it with
-one line naming the file; a failed run (schema.failed) is shown as failed, never as a result.
-
-The "Beyond the paper" section (successors/: linear attention's successors on the paper's tasks)
-owns copy/successors_n128_cpu, copy/lengths_successors_cpu, images/successors_cpu,
-throughput/successors_cpu and asr/successors_cpu: the paper's sections never read them.
+or in the nearest parent's README.md under results/ one on a line naming the folder (the manifest's
+`runs` says which). A paper table with no result of ours says "not yet run". A damaged file, a missing
+declared column or a manifest that does not say what it must stops it with one line naming the file;
+a failed run (schema.failed) is shown as failed, never as a result.
 
 One module per part of REPORT.md (figure1, figure2, fidelity, images, speech, kernels, cpu_speed,
 gpu_runs, memory, successors), each declaring the tables it reads (its TABLES, checked on load by
-schema.py); format.py holds what they share and build.py puts them together.
+schema.py) and taking its folders from the manifest (ctx.tables); format.py holds what they share
+and build.py puts them together.
 """
 from repro.reproduction.report.build import DOC_BLOCK, build, doc_pages, main, render_blocks, sections
 from repro.reproduction.report.schema import SchemaError, Table

@@ -1,11 +1,12 @@
-"""The CPU speed of the core: the newest cpu_speed_<T>t_<time>.csv per thread count
-(repro.reproduction.cpu_speed)."""
+"""The CPU speed of the core: the cpu_speed_<T>t_<time>.csv runs results/claims.yaml names
+(report.cpu_speed: one per CPU and thread count; repro.reproduction.cpu_speed)."""
 import json
 import re
 from pathlib import Path
 
 import pandas as pd
 
+from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report.format import code, md_table
 from repro.reproduction.report.schema import Table, read_json
 
@@ -13,20 +14,18 @@ TABLES = [Table("cpu_speed_*.csv", {"measure": str, "method": str, "threads": fl
                 {"n": float, "ms": float, "status": str})]
 
 
-CPU_SPEED = re.compile(r"cpu_speed_(\d+)t_(\d{8}T\d{6})\.csv")
+CPU_SPEED = re.compile(r"cpu_speed_(\d+)t_(\d{8}T\d{6})\.csv")  # a run of every row (one of some rows: _<rows>)
 
 
-def newest_cpu_speed(csvs) -> list[tuple[Path, pd.DataFrame]]:
-    """(path, table) of the newest cpu_speed CSV per CPU and thread count (the kernel's lead
-    depends on the CPU: each host's runs are kept), by CPU then fewest threads, from the CSVs
-    `sections` has read."""
-    newest = {}
-    for path, df in csvs:
-        if m := CPU_SPEED.fullmatch(path.name):
-            key = (str(df.device.iloc[0]) if "device" in df and len(df) else "?", int(m[1]))
-            if key not in newest or m[2] > CPU_SPEED.fullmatch(newest[key][0].name)[2]:
-                newest[key] = (path, df)
-    return [newest[key] for key in sorted(newest)]
+def named_runs(ctx) -> list[tuple[Path, pd.DataFrame]]:
+    """(path, table) of the cpu_speed runs the manifest names, in its order; a run of some rows only
+    (`--rows`, named after them) is a ManifestError: its table would lack the other rows."""
+    runs = ctx.tables("cpu_speed")
+    for i, (path, _) in enumerate(runs):
+        if not CPU_SPEED.fullmatch(path.name):
+            raise ManifestError(f"report.cpu_speed[{i}]: {path.relative_to(ctx.root)} is not a run of every row "
+                                "(cpu_speed_<T>t_<time>.csv): name a full run")
+    return runs
 
 
 def _cpu_speed_rows(df) -> list[list]:
@@ -95,16 +94,15 @@ def _cpu_speed_rows(df) -> list[list]:
 
 
 def cpu_speed(ctx) -> str:
-    """The CPU speed of the core: the newest cpu_speed run per thread count."""
-    runs, rel = newest_cpu_speed(ctx.csvs), ctx.rel
-    ctx.used |= {path.parent for path, _ in runs}
+    """The CPU speed of the core: the cpu_speed runs the manifest names."""
+    runs, rel = named_runs(ctx), ctx.rel
     if not runs:
         return ""
     out = ["## CPU speed of the core",
            "From `python -m repro.reproduction.cpu_speed` (its targets: docs/kernels.md; each pair timed interleaved, "
            "medians of its "
-           "rounds; the load average is the machine's 1-minute load while the run measured). The newest run per CPU "
-           "and thread count under results/:"]
+           "rounds; the load average is the machine's 1-minute load while the run measured). One run per CPU "
+           "and thread count, the one `results/claims.yaml` names:"]
     for path, df in runs:
         meta = path.with_suffix(".json")
         command = read_json(meta, ctx.root).get("command") if meta.is_file() else None

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from repro.reproduction.report.format import code, command, md_table
-from repro.reproduction.report.schema import SchemaError, Table, named
+from repro.reproduction.report.schema import SchemaError, Table
 from repro.reproduction.verdicts import Seeds, matches
 
 TABLE = "fidelity_runs.csv"
@@ -93,8 +93,7 @@ def provenance(df) -> str:
 
 
 def fidelity(ctx) -> str:
-    found = named(ctx.csvs, TABLE)
-    ctx.used |= {folder for folder, _ in found}
+    found = ctx.named("fidelity", TABLE)
     if not found:
         return ""
     out = ["## Fidelity: this suite beside the authors' own scripts",

@@ -1,5 +1,6 @@
 """Figure 1: time and memory of one attention layer against sequence length (task=benchmark's
-benchmark.csv and summary.json). Each run is shown with what sets its numbers apart (code
+benchmark.csv and summary.json of the runs results/claims.yaml names under report.figure1, in its
+order). Each run is shown with what sets its numbers apart (code
 version, tokens per point, repeats, memory method, and beside each time the kernel it ran on,
 where the run recorded it), and a point measured by several runs is set out side by side, so that
 two values for one point never stand unexplained."""

@@ -3,7 +3,7 @@ import pandas as pd
 
 from repro.common import paper
 from repro.reproduction.report.format import code, command, hardware, md_table, num
-from repro.reproduction.report.schema import Rows, Table, failed, named, read_rows
+from repro.reproduction.report.schema import Rows, Table, failed, read_rows
 
 # what task=copy's aggregate writes; a spread needs two seeds (a single seed's is empty, not missing)
 NEEDED = {"max_len": float, "attention": str, "n_seeds": float, "steps": float, "eval_loss": float,
@@ -35,12 +35,11 @@ def _mean_sd(r, key) -> str | None:
 
 
 def figure2(ctx) -> str:
-    root, rel, csvs = ctx.root, ctx.rel, ctx.csvs
+    root, rel = ctx.root, ctx.rel
     out = ["## Figure 2: the copy task", f"Paper ({paper.FIGURE2_SETUP}): {paper.FIGURE2_CLAIM}. Ours: each run's "
            "loss scores the copy alone (a perfect copier reaches 0) unless it says it also scores the prediction "
            "of the separator, as the authors' copy script does (task.score_separator); the two are not comparable."]
-    found = named(csvs, "copy_final.csv")
-    ctx.used |= {folder for folder, _ in found}
+    found = ctx.named("figure2", "copy_final.csv")
     if not found:
         return "\n\n".join(out + ["not yet run"])
     for folder, df in found:

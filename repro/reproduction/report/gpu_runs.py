@@ -1,8 +1,9 @@
 """The GPU runs: each reproduce_gpu run's steps (status.json), its environment (env/env.json) and
 its kernel tests (env/kernel_tests.xml)."""
 
+from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report.format import md_table, num
-from repro.reproduction.report.schema import current_files, read_json
+from repro.reproduction.report.schema import read_json
 
 
 def _kernel_tests(xml_path) -> str:
@@ -30,19 +31,20 @@ def _flat(value) -> str:
 
 
 def gpu_runs(ctx) -> str:
-    """The GPU runs' steps (status.json of each reproduce_gpu step), the environment report and
-    the kernel tests."""
+    """The GPU runs the manifest names (report.gpu_runs: a reproduce_gpu run's folder): their steps
+    (status.json of each step's folder), the environment report and the kernel tests."""
     root = ctx.root
     from repro.reproduction.reproduce_gpu import STEPS
     out = ["## GPU runs: environment and steps (`python -m repro.reproduce_gpu`)"]
-    step_dirs = sorted(p.parent for p in current_files(root, "status.json") if p.parent.name in STEPS.values())
-    if not step_dirs:
-        return "\n\n".join(out + ["Not run yet (no results/gpu/ folder): every GPU column above says "
+    by_run = {run: [d for d in sorted(run.iterdir()) if d.name in STEPS.values() and (d / "status.json").is_file()]
+              for run in ctx.manifest.paths("gpu_runs")}
+    for i, (run, steps) in enumerate(by_run.items()):
+        if not steps:
+            raise ManifestError(f"report.gpu_runs[{i}]: {run.relative_to(root)} holds no step of "
+                                "python -m repro.reproduce_gpu (a <step>/status.json)")
+    if not any(by_run.values()):
+        return "\n\n".join(out + ["Not run yet (no GPU run in results/claims.yaml): every GPU column above says "
                                   "\"not measured yet\"."])
-    ctx.used |= set(step_dirs)
-    by_run = {}
-    for d in step_dirs:
-        by_run.setdefault(d.parent, []).append(d)
     for run, steps in by_run.items():
         part = [f"### {run.relative_to(root) if run != root else run.name}"]  # the device's folder
         order = {name: i for i, name in STEPS.items()}

@@ -1,16 +1,18 @@
-"""Tables 1, 2, 4 and 5: image generation. Bits/dim from any CSV with a bits/dim column (the
+"""Tables 1, 2, 4 and 5: image generation. Bits/dim from the CSVs with a bits/dim column (the
 image task's bpd_final.csv), images/s and seconds per image from task=throughput's
-throughput.csv, one column per hardware; and the GPU MNIST step's bits/dim against time.
+throughput.csv; and the GPU MNIST step's bits/dim against time.
 
-A column holds one run: bits/dim from one folder, images/s and seconds per image from one
-throughput run at one batch (see column_runs); the other runs on that hardware are named under
-the table, never mixed in."""
+A column holds one run, the one results/claims.yaml names for it: bits/dim from one folder per
+hardware (report.tables_1_2.bits_per_dim), images/s and seconds per image from one throughput run
+at one batch (report.tables_1_2.images_per_s, report.table_4, report.table_5), named under the
+table with its command."""
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from repro.common import paper
+from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report.format import (
     code,
     command,
@@ -20,8 +22,8 @@ from repro.reproduction.report.format import (
     md_table,
     run_rows,
 )
-from repro.reproduction.report.marks import extrapolated, load_avg, loaded, marked
-from repro.reproduction.report.schema import Rows, Table, failed, named, read_rows
+from repro.reproduction.report.marks import load_avg, marked
+from repro.reproduction.report.schema import Rows, Table, failed, read_rows
 
 BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
 IMAGE_ROWS = Rows("image_rows.jsonl", {"*": {"attention": str}})  # a bits/dim folder's raw rows
@@ -45,11 +47,10 @@ def _devices_by_attention(folder) -> dict:
     return {att: "; ".join(sorted(devices)) for att, devices in found.items()}
 
 
-def bits_per_dim(csvs):
-    """{(dataset, attention, hardware class): (value, folder, device)} from every CSV with a
-    bits/dim column, one run per column: for each dataset and class of hardware, the one folder
-    holding the most attentions (of equals, the last by path), never a mix of folders; and
-    {(dataset, class): [folders left out]}."""
+def bits_per_dim(csvs, root):
+    """{(dataset, attention, hardware class): (value, folder, device)} from the CSVs with a bits/dim
+    column of the folders the manifest names, one folder per dataset and class of hardware (a
+    column never mixes folders: two folders of one class is a ManifestError naming them)."""
     found = {}
     for path, df in csvs:
         col = next((c for c in BPD_COLUMNS if c in df), None)
@@ -63,71 +64,52 @@ def bits_per_dim(csvs):
                 device = str(r["device"]) if "device" in df else beside.get(str(r.attention), "")
                 found.setdefault((ds, hw_class(device)), {}).setdefault(path.parent, {})[str(r.attention)] = (
                     f"failed ({r.status})" if lost else float(r[col]), path.parent, device)
-    chosen, left_out = {}, {}
+    chosen = {}
     for (ds, cls), folders in found.items():
-        pick = max(folders, key=lambda f: (len(folders[f]), str(f)))
-        chosen.update({(ds, att, cls): v for att, v in folders[pick].items()})
         if len(folders) > 1:
-            left_out[(ds, cls)] = sorted(f for f in folders if f != pick)
-    return chosen, left_out
-
-
-def _throughput(csvs):
-    """(folder, table) of every throughput.csv (task=throughput) that names sizes and methods."""
-    return [(folder, df) for folder, df in named(csvs, "throughput.csv") if {"size", "method"} <= set(df)]
-
-
-def _on(df, cls):
-    """The rows of `df` that ran on hardware class `cls` (see hw_class)."""
-    devices = df["device"].astype(str) if "device" in df else pd.Series("", index=df.index)
-    return df[devices.map(hw_class) == cls]
+            names = " and ".join(str(f.relative_to(root)) for f in folders)
+            raise ManifestError(f"report.tables_1_2.bits_per_dim: {names} both hold {ds} bits/dim on {cls}: "
+                                "name one folder per hardware")
+        chosen.update({(ds, att, cls): v for att, v in next(iter(folders.values())).items()})
+    return chosen
 
 
 @dataclass
 class Run:
-    """One throughput run (folder, batch) a column of a table shows, its rows by (dataset,
-    method), and the other runs on the same hardware, left out of that column."""
+    """One throughput run (folder, batch) a column of a table shows, and its rows by (dataset, method)."""
     cls: str
     folder: Path | None = None
     batch: int | None = None
     rows: dict = field(default_factory=dict)
-    left_out: list = field(default_factory=list)
-    quiet: bool = False  # an extra column: a quiet run measured in full beside the most complete one
+    quiet: bool = False  # named a quiet run in the manifest: its header says so
 
 
-def _runs_on(thr, cls, cells, batch=None) -> dict:
-    """{(folder, batch): {(dataset, method): row}} of the runs on hardware class `cls`."""
-    runs = {}
-    for folder, df in thr:
-        for _, r in _on(df, cls).iterrows():
-            key = (dataset_of(r["size"]), str(r.method))
-            if key in cells and (batch is None or r.batch == batch):
-                runs.setdefault((folder, int(r.batch)), {})[key] = r
+def column_runs(ctx, cells, section: str, part: str | None = None) -> list[Run]:
+    """The columns the manifest names for a table (report.<section>[.<part>]), each one run at one
+    batch with its rows of `cells` ((dataset, method) pairs); a folder that holds no throughput
+    table, or rows of several kinds of hardware at that batch, is a ManifestError naming it."""
+    where = f"report.{section}" + (f".{part}" if part else "")
+    runs = []
+    for column in ctx.manifest.columns(section, part):
+        found = [df for path, df in ctx.csvs if path == column.folder / "throughput.csv"]
+        if not found or not {"size", "method"} <= set(found[0]):
+            raise ManifestError(f"{where}: {column.folder.relative_to(ctx.root)} holds no throughput.csv "
+                                "(task=throughput's table)")
+        df = found[0][found[0].batch == column.batch]
+        classes = sorted(set(df["device"].astype(str).map(hw_class))) if "device" in df else []
+        if len(classes) != 1:
+            raise ManifestError(f"{where}: {column.folder.relative_to(ctx.root)} at batch {column.batch} holds "
+                                + (f"rows of {' and '.join(classes)}: a column holds one hardware" if classes
+                                   else "no rows"))
+        rows = {(dataset_of(r["size"]), str(r.method)): r for _, r in df.iterrows()}
+        runs.append(Run(classes[0], column.folder, column.batch, {k: r for k, r in rows.items() if k in cells},
+                        column.quiet))
     return runs
 
 
-def column_runs(thr, cls, cells, batch=None) -> list[Run]:
-    """The runs a hardware class's columns show, one folder at one batch each: first the run that
-    fills the most of `cells` ((dataset, method) pairs), at `batch` when given (of equals: the
-    larger batch, fewer extrapolated values, the quieter, the later path); then, as columns of their
-    own, any other run on a quiet machine measured in full that fills two cells or more."""
-    runs = _runs_on(thr, cls, cells, batch)
-    if not runs:
-        return [Run(cls)]
-
-    def load(run):
-        return max([v for v in map(load_avg, runs[run].values()) if v is not None] or [0.0])
-
-    def rank(run):
-        rows = list(runs[run].values())
-        return (len(rows), run[1], -sum(map(extrapolated, rows)), -load(run), str(run[0]))
-
-    pick = max(runs, key=rank)
-    quiet = [run for run in sorted(runs, key=str) if run != pick and len(runs[run]) >= 2
-             and not any(extrapolated(r) or loaded(r) for r in runs[run].values())]
-    shown = [pick, *quiet]
-    left = sorted((run for run in runs if run not in shown), key=str)
-    return [Run(cls, run[0], run[1], runs[run], left if run == pick else [], quiet=run != pick) for run in shown]
+def by_hardware(runs: list[Run], classes) -> list[Run]:
+    """The columns in the order of `classes` (CPU first), a "not yet run" one for a class with none."""
+    return [run for cls in classes for run in ([r for r in runs if r.cls == cls] or [Run(cls)])]
 
 
 def _cell(run: Run, ds, method, column) -> str:
@@ -147,7 +129,7 @@ def _header(quantity, run: Run) -> str:
 
 
 def _run_note(run: Run, quantity, root) -> str | None:
-    """One line under a table: which run a column shows, on what, and which runs it left out."""
+    """One line under a table: which run a column shows, on what, and its command."""
     if run.folder is None:
         return None
     rows = list(run.rows.values())
@@ -158,20 +140,12 @@ def _run_note(run: Run, quantity, root) -> str | None:
     note = (f"{_header(quantity, run)[0].upper()}{_header(quantity, run)[1:]}: one run, "
             f"`{run.folder.relative_to(root)}` ({device or 'device not recorded'}{f', git {shas}' if shas else ''}"
             f"{load}): {code(command(run.folder, root))}")
-    if run.left_out:
-        batches = {}
-        for folder, b in run.left_out:
-            batches.setdefault(folder, []).append(str(b))
-        note += ("; left out of this column, not mixed in: "
-                 + ", ".join(f"`{f.relative_to(root)}` (batch {', '.join(bs)})" for f, bs in batches.items()))
     return note + "."
 
 
-def gpu_classes(thr, bpd=None) -> list[str]:
-    """The GPUs (by name) that any throughput or bits/dim row ran on, in order."""
-    names = {hw_class(str(v)) for _, d in thr if "device" in d for v in d.device.dropna()}
-    names |= {cls for (_, _, cls) in (bpd or {})}
-    return sorted(names - {"CPU"})
+def gpu_classes(runs, bpd=None) -> list[str]:
+    """The GPUs (by name) of a table's columns and bits/dim, in order."""
+    return sorted(({run.cls for run in runs} | {cls for (_, _, cls) in (bpd or {})}) - {"CPU"})
 
 
 GPU_NONE = "our GPU: not measured yet"
@@ -183,16 +157,15 @@ NOT_STATED = ("The paper does not state the batch it generated at; each of our c
               "passed its number of cores during the run, so its wall-clock value is inflated.")
 
 
-BY_HARDWARE = ("Our values are in one column per hardware (CPU, and each GPU by name), each column from one "
-               "run at one batch, named under the table with its command; `python -m repro.reproduce_gpu` fills "
-               "the GPU columns.")
+BY_HARDWARE = ("Our values are in columns by hardware (CPU, and each GPU by name), each column from the one "
+               "run at one batch that `results/claims.yaml` names for it, named under the table with its command; "
+               "`python -m repro.reproduce_gpu` fills the GPU columns.")
 
 
 def chosen_bpd(ctx) -> dict:
-    """bits_per_dim of the CSVs under results/, once per report."""
+    """bits_per_dim of the folders the manifest names for Tables 1 and 2, once per report."""
     if "bpd" not in ctx.memo:
-        ctx.memo["bpd"], ctx.memo["bpd_left_out"] = bits_per_dim(ctx.csvs)
-        ctx.used |= {v[1] for v in ctx.memo["bpd"].values()}
+        ctx.memo["bpd"] = bits_per_dim(ctx.tables("tables_1_2", "bits_per_dim"), ctx.root)
     return ctx.memo["bpd"]
 
 
@@ -217,12 +190,8 @@ def _bpd_note(ctx, ds, cls) -> str | None:
     if not chosen:
         return None
     source, devices = chosen[0][1], "; ".join(dict.fromkeys(v[2] for v in chosen if v[2]))
-    note = (f"Our bits/dim, {cls}: one run, `{source.relative_to(root)}` (the folder with the most attentions; "
-            f"{devices or 'device not recorded'}{_commits(source, root)}): {code(command(source, root))}")
-    left = ctx.memo["bpd_left_out"].get((ds, cls))
-    if left:
-        note += "; left out of this column, not mixed in: " + ", ".join(f"`{f.relative_to(root)}`" for f in left)
-    return note + "."
+    return (f"Our bits/dim, {cls}: one run, `{source.relative_to(root)}` ({devices or 'device not recorded'}"
+            f"{_commits(source, root)}): {code(command(source, root))}.")
 
 
 def _generation_cells() -> set:
@@ -231,15 +200,14 @@ def _generation_cells() -> set:
 
 def tables_1_2(ctx) -> str:
     root = ctx.root
-    ctx.used |= {folder for folder, _ in named(ctx.csvs, "throughput.csv")}
     bpd = chosen_bpd(ctx)
     out = ["## Tables 1 and 2: image generation, bits/dim and images/s",
            "Paper: bits/dim on the test set and images/s of unconditional generation; Table 1 MNIST "
            f"({paper.IMAGES_SETUP['mnist']}), Table 2 CIFAR-10 ({paper.IMAGES_SETUP['cifar10']}). "
            f"Ours: bits/dim from the image task, images/s from task=throughput. {NOT_STATED} {BY_HARDWARE}"]
-    thr = _throughput(ctx.csvs)
-    gpus = gpu_classes(thr, bpd)
-    runs = [run for cls in ["CPU", *gpus] for run in column_runs(thr, cls, _generation_cells())]  # as Table 4
+    named_runs = column_runs(ctx, _generation_cells(), "tables_1_2", "images_per_s")
+    gpus = gpu_classes(named_runs, bpd)
+    runs = by_hardware(named_runs, ["CPU", *gpus])
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = []
         for method, (p_bpd, p_ips) in paper.BITS_PER_DIM[ds].items():
@@ -260,10 +228,9 @@ def tables_1_2(ctx) -> str:
 
 def bpd_vs_time(ctx) -> list[str]:
     """The GPU MNIST step's held-out bits/dim against training time (reproduce_gpu step 6)."""
-    root, rel, csvs = ctx.root, ctx.rel, ctx.csvs
+    root, rel = ctx.root, ctx.rel
     out = []
-    ctx.used |= {folder for folder, _ in named(csvs, "bpd_vs_time.csv")}
-    for folder, df in named(csvs, "bpd_vs_time.csv"):
+    for folder, df in ctx.named("tables_1_2", "bpd_vs_time.csv", "bpd_vs_time"):
         if not {"attention", "elapsed_s", "eval_bpd"} <= set(df):
             continue
         rows = []
@@ -287,9 +254,9 @@ def table_4(ctx) -> str:
            "Paper: images/s of unconditional generation for both datasets, with softmax re-running the prefix "
            "and stateful softmax (a key/value cache, supplementary C.1). Ours: task=throughput. "
            f"{NOT_STATED} {BY_HARDWARE}"]
-    thr = _throughput(ctx.csvs)
-    gpus = gpu_classes(thr)
-    runs = [run for cls in ["CPU", *gpus] for run in column_runs(thr, cls, _generation_cells())]
+    named_runs = column_runs(ctx, _generation_cells(), "table_4")
+    gpus = gpu_classes(named_runs)
+    runs = by_hardware(named_runs, ["CPU", *gpus])
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = [[method, p_ips, *[_cell(run, ds, method, "images_per_s") for run in runs], *([] if gpus else [None])]
                 for method, p_ips in paper.IMAGES_PER_S[ds].items()]
@@ -305,10 +272,10 @@ def table_5(ctx) -> str:
            "Paper: CPU and GPU seconds to generate one image, both datasets. Ours: task=throughput at batch 1; "
            "(extrapolated) where the run was stopped at its time budget and its total extrapolated, (loaded) where "
            f"the machine's load passed its cores. {BY_HARDWARE}"]
-    thr = _throughput(ctx.csvs)
-    gpus = gpu_classes(thr)
     cells = {(ds, m) for ds, methods in paper.SECONDS_PER_IMAGE.items() for m in methods}
-    runs = [run for cls in ["CPU", *gpus] for run in column_runs(thr, cls, cells, batch=1)]
+    named_runs = column_runs(ctx, cells, "table_5")
+    gpus = gpu_classes(named_runs)
+    runs = by_hardware(named_runs, ["CPU", *gpus])
     headers = [_header("s/image", run) for run in runs]
     for ds, name in [("mnist", "MNIST"), ("cifar10", "CIFAR-10")]:
         rows = [[method, cpu, gpu, *[_cell(run, ds, method, "seconds_per_image") for run in runs],

@@ -2,8 +2,9 @@
 run's table; and the CPU kernel task's table (task=kernels' kernels.csv)."""
 import pandas as pd
 
+from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report.format import code, command, hardware, hw_class, md_table, num
-from repro.reproduction.report.schema import Table, named
+from repro.reproduction.report.schema import Table
 
 TABLES = [Table("bench.csv", {"method": str, "pass": str, "dtype": str, "n": float, "batch": float, "heads": float,
                               "d": float, "status": str, "device": str}, {"ms": float, "pct_of_floor": float}),
@@ -80,8 +81,11 @@ def _target_rows(rows):
 
 
 def kernels(ctx) -> str:
-    root, csvs = ctx.root, ctx.csvs
-    ctx.used |= {folder for name in ("bench.csv", "kernels.csv") for folder, _ in named(csvs, name)}
+    root, csvs = ctx.root, ctx.tables("kernels")
+    lacking = [f for f in ctx.manifest.paths("kernels")
+               if not {f / "bench.csv", f / "kernels.csv"} & {path for path, _ in csvs}]
+    if lacking:
+        raise ManifestError(f"report.kernels: {lacking[0].relative_to(root)} holds no bench.csv or kernels.csv")
     shape = ", ".join(f"{'B' if k == 'batch' else 'H' if k == 'heads' else 'D = M' if k == 'd' else 'N'} = {v:,}"
                       for k, v in TARGET_SHAPE.items())
     out = ["## Kernel benchmark: the causal dot product against its peers",

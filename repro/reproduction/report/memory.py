@@ -3,7 +3,7 @@ model_memory.csv): per preset, what one training step keeps for backward (exact)
 resident memory (median and range over rounds), linear attention set against softmax."""
 
 from repro.reproduction.report.format import code, command, hardware, md_table, num
-from repro.reproduction.report.schema import Table, named
+from repro.reproduction.report.schema import Table
 
 TABLES = [Table("model_memory.csv", {"preset": str, "attention": str, "n": float, "batch": float, "kept_mb": float,
                                      "peak_mb": float, "peak_min_mb": float, "peak_max_mb": float},
@@ -28,8 +28,7 @@ def memory(ctx) -> str:
            "profiler's record of every allocation); peak resident: resident memory above what was live before "
            "the step (the C library's slack included), median and range over rounds run in fresh processes, "
            "the attentions interleaved."]
-    found = named(ctx.csvs, "model_memory.csv")
-    ctx.used |= {folder for folder, _ in found}
+    found = ctx.named("memory", "model_memory.csv")
     if not found:
         return ""
     for folder, df in found:

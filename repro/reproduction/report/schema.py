@@ -1,8 +1,9 @@
 """What the report reads, declared: each section lists the tables it reads (a Table: the file
-name, the columns it needs with their kinds, the columns it may use), and every CSV under
-results/ is read once and checked against those declarations. A renamed or dropped column, a
-number column holding text, a CSV that does not parse: one error naming the file and the column,
-never a section that quietly reads another folder or a table that loses a row. A torn file (a
+name, the columns it needs with their kinds, the columns it may use), and every CSV of the
+folders results/claims.yaml names is read once and checked against those declarations. A
+renamed or dropped column, a number column holding text, a CSV that does not parse: one error
+naming the file and the column, never a section that quietly reads another folder or a table
+that loses a row. A torn file (a
 last line cut off: no newline at its end, or a row short of the header's fields; a JSON or JSONL
 file that does not parse) is one error naming the file and the line: a write that did not finish
 must never read as a row with missing values, which the report would then compare as numbers."""
@@ -60,24 +61,21 @@ def failed(status) -> bool:
     return str(status) not in ("ok", TIME_LIMIT)
 
 
-ARCHIVE = "archive"  # results/archive/: runs superseded by newer ones, kept but never reported
-
-
-def current_files(root: Path, pattern: str) -> list[Path]:
-    """The files under root matching pattern, in path order, leaving out results/archive/."""
-    return sorted(p for p in Path(root).rglob(pattern) if ARCHIVE not in p.relative_to(root).parts[:1])
-
-
-def read_checked(root: Path, tables) -> list[tuple[Path, pd.DataFrame]]:
-    """(path, table) of every CSV under root (archive/ aside), in path order, each checked against
-    every declared Table it matches. A file that does not parse is a SchemaError naming it."""
-    out = []
-    for path in current_files(root, "*.csv"):
-        df = _read_csv(path, root)
-        for table in tables:
-            if table.matches(path, df):
-                table.check(path, df, Path(root))
-        out.append((path, df))
+def read_checked(root: Path, paths, tables) -> list[tuple[Path, pd.DataFrame]]:
+    """(path, table) of the CSVs the manifest names: each file of `paths` and each CSV directly in
+    each folder of it, in that order, each checked against every declared Table it matches. A file
+    that does not parse is a SchemaError naming it."""
+    out, seen = [], set()
+    for at in paths:
+        for path in ([at] if at.is_file() else sorted(Path(at).glob("*.csv"))):
+            if path in seen:
+                continue
+            seen.add(path)
+            df = _read_csv(path, root)
+            for table in tables:
+                if table.matches(path, df):
+                    table.check(path, df, Path(root))
+            out.append((path, df))
     return out
 
 

@@ -1,10 +1,11 @@
-"""Table 3: speech recognition, phoneme error rate and seconds per epoch (any CSV with a PER
-column per model: the speech task's asr_table.csv)."""
+"""Table 3: speech recognition, phoneme error rate and seconds per epoch (the CSVs with a PER
+column per model, the speech task's asr_table.csv, of the folders results/claims.yaml names)."""
 import re
 
 import pandas as pd
 
 from repro.common import paper
+from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report.format import code, command, hardware, md_table, num, run_rows
 from repro.reproduction.report.schema import Table, failed
 
@@ -57,8 +58,10 @@ def _seconds(r, col, steps) -> str | None:
 
 def table_3(ctx) -> str:
     root = ctx.root
-    asr_tables = asr_tables_of(ctx.csvs)
-    ctx.used |= {path.parent for path, *_ in asr_tables}
+    asr_tables = asr_tables_of(ctx.tables("table_3"))
+    lacking = [f for f in ctx.manifest.paths("table_3") if f not in {path.parent for path, *_ in asr_tables}]
+    if lacking:
+        raise ManifestError(f"report.table_3: {lacking[0].relative_to(root)} holds no table of PER per model")
     out = ["## Table 3: speech recognition (WSJ), phoneme error rate and seconds per epoch",
            f"Paper: WSJ 80 h, CTC over phonemes, {paper.ASR_HARDWARE}. Ours: the ASR task on the corpus its "
            "folder names (see its command); validation PER, as the paper reports. A timing run (a few updates "

@@ -3,15 +3,14 @@ rule) on the paper's tasks beside softmax and linear: the copy task against N wi
 one judged question (does each successor copy better than linear where linear's additive memory
 runs out?), MNIST bits/dim, generation speed and speech recognition, as measurements.
 
-The section owns its folders (runs.FOLDERS): build.py gives the paper's sections every CSV outside
-them and this section those inside (ctx.beyond), so a successors run is never one more run of
+Its folders are those results/claims.yaml names under report.successors (copy, softmax_128, mnist,
+speed, speech); the paper's sections name theirs, so a successors run is never one more run of
 Figure 2, Tables 1-5 or Table 3."""
 from repro.reproduction.report.successors.copy_task import copy_lengths
 from repro.reproduction.report.successors.generation import mnist, speed
-from repro.reproduction.report.successors.runs import FOLDERS, owned
 from repro.reproduction.report.successors.speech import speech
 
-__all__ = ["FOLDERS", "owned", "successors"]
+__all__ = ["successors"]
 
 INTRO = (
     "The paper's linear attention updates its memory additively, S_i = S_{i-1} + phi(k_i) v_i^T. Its successors "

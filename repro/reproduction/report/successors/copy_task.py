@@ -1,11 +1,12 @@
-"""The copy task's length sweep for linear attention's successors (N = 32, 64 from
-copy/lengths_successors_cpu, N = 128 from copy/successors_n128_cpu: the same model and schedule),
-and the section's one judged question: at each N where linear's held-out loss is above softmax's
-by more than the seeds' spread (its additive memory has run out), does each successor reach a
-lower held-out loss than linear?"""
+"""The copy task's length sweep for linear attention's successors (the folders results/claims.yaml
+names under report.successors.copy: N = 32, 64 from copy/lengths_successors_cpu, N = 128 from
+copy/successors_n128_cpu, the same model and schedule), and the section's one judged question: at
+each N where linear's held-out loss is above softmax's by more than the seeds' spread (its additive
+memory has run out), does each successor reach a lower held-out loss than linear?"""
 import pandas as pd
 
 from repro.reproduction import verdicts
+from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report import marks
 from repro.reproduction.report.figure2 import COPY_ROWS
 from repro.reproduction.report.format import hardware, md_table, num
@@ -14,10 +15,9 @@ from repro.reproduction.report.successors.runs import not_yet_run, source, with_
 
 ATTENTIONS = ("softmax", "linear", "retention", "gla", "delta")
 SUCCESSORS = ATTENTIONS[2:]
-FOLDERS = ("copy/lengths_successors_cpu", "copy/successors_n128_cpu")
-# copy_successors_cpu runs no softmax at N = 128: the ceiling comes from Figure 2's run there, used
-# only while its model and schedule are those of the successors' run
-SOFTMAX_128 = "copy/figure2_n128_cpu"
+PRESETS = ("copy/lengths_successors_cpu", "copy/successors_n128_cpu")  # where the copy presets publish
+# copy_successors_cpu runs no softmax at N = 128: the ceiling comes from the run the manifest names
+# (report.successors.softmax_128: Figure 2's), used only while its model and schedule are the successors' run's
 SAME_SETUP = ("n_layers", "d_model", "n_heads", "d_ff", "batch_size", "min_copy", "max_copy", "max_steps",
               "score_separator")
 ANSWER = {verdicts.REPRODUCED: "yes", verdicts.CONTRADICTED: "no: worse than linear",
@@ -48,28 +48,31 @@ def _setup(rows) -> set:
 
 
 def _finals(ctx) -> tuple[list, list, list]:
-    """(final rows, folders read, notes): the two folders' final rows, and Figure 2's softmax at
-    N = 128 when the successors' N = 128 run has none and the setups agree."""
+    """(final rows, folders read, notes): the final rows of the folders the manifest names, and the
+    softmax at N = 128 of the one it names for that (Figure 2's) when the successors' N = 128 run
+    has none and the setups agree."""
     rows, read, notes = [], [], []
-    for folder in FOLDERS:
-        path = ctx.root / folder / "copy_rows.jsonl"
-        if path.is_file():
-            rows += [r for r in read_rows(path, ctx.root, COPY_ROWS) if r["kind"] == "final"]
-            read.append(path.parent)
-        else:
-            notes.append(not_yet_run(folder))
+    for folder in ctx.manifest.paths("successors", "copy"):
+        path = folder / "copy_rows.jsonl"
+        if not path.is_file():
+            raise ManifestError(f"report.successors.copy: {folder.relative_to(ctx.root)} holds no copy_rows.jsonl")
+        rows += [r for r in read_rows(path, ctx.root, COPY_ROWS) if r["kind"] == "final"]
+        read.append(folder)
+    notes += [not_yet_run(folder) for folder in PRESETS if ctx.root / folder not in read]
     at_128 = [r for r in rows if r["max_len"] == 128]
-    borrowed = ctx.root / SOFTMAX_128 / "copy_rows.jsonl"
-    if at_128 and not any(r["attention"] == "softmax" for r in at_128) and borrowed.is_file():
+    softmax_128 = ctx.manifest.folder("successors", "softmax_128")
+    borrowed = softmax_128 / "copy_rows.jsonl" if softmax_128 else None
+    if at_128 and not any(r["attention"] == "softmax" for r in at_128) and borrowed and borrowed.is_file():
         theirs = [r for r in read_rows(borrowed, ctx.root, COPY_ROWS)
                   if r["kind"] == "final" and r["attention"] == "softmax" and r["max_len"] == 128]
         if theirs and _setup(theirs) == _setup(at_128):
             rows += theirs
             read.append(borrowed.parent)
-            notes.append(f"Softmax at N = 128 comes from `{SOFTMAX_128}` (Figure 2's run: the same model and "
-                         "schedule; the successors' preset runs no softmax).")
+            notes.append(f"Softmax at N = 128 comes from `{softmax_128.relative_to(ctx.root)}` (Figure 2's run: the "
+                         "same model and schedule; the successors' preset runs no softmax).")
         elif theirs:
-            notes.append(f"No softmax at N = 128: `{SOFTMAX_128}` ran another model or schedule.")
+            notes.append(f"No softmax at N = 128: `{softmax_128.relative_to(ctx.root)}` ran another model or "
+                         "schedule.")
     return rows, read, notes
 
 

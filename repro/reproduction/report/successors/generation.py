@@ -12,7 +12,7 @@ ATTENTIONS = ("softmax", "linear", "retention", "gla", "delta")
 METHODS = ("linear", "stateful-softmax", "retention", "gla", "delta")
 BASELINE = "stateful-softmax"
 SMALL, LARGE = 1, 64  # the batches of throughput_successors_cpu: seconds per image at 1, images/s at 64
-MNIST, SPEED = "images/successors_cpu", "throughput/successors_cpu"
+MNIST, SPEED = "images/successors_cpu", "throughput/successors_cpu"  # where their presets publish
 BPD = Table("bpd_final.csv", {"attention": str, "n_seeds": float, "steps": float, "eval_bits_per_dim": float,
                               "train_loss_nats": float, "time_per_step_ms": float, "status": str})
 THROUGHPUT = Table("throughput.csv", {"size": str, "method": str, "batch": float, "images_per_s": float,
@@ -21,10 +21,9 @@ THROUGHPUT = Table("throughput.csv", {"size": str, "method": str, "batch": float
 
 def mnist(ctx) -> str:
     out = ["### MNIST: bits/dim"]
-    df = checked(ctx, MNIST, "bpd_final.csv", BPD)
+    folder, df = checked(ctx, "mnist", "bpd_final.csv", BPD)
     if df is None:
         return "\n\n".join(out + [not_yet_run(MNIST)])
-    folder = ctx.root / MNIST
     runs = run_rows(folder)
     finals = [r for r in runs if r.get("kind") == "final"]
     loaded = loaded_by(runs, "attention")
@@ -55,7 +54,7 @@ def mnist(ctx) -> str:
     out.append(md_table(["attention", "held-out bits/dim", "train loss (nats)", "ms/step", "updates", "seeds"],
                         table))
     if (folder / "bpd_curves.png").is_file():
-        out.append(f"![bits/dim against updates, {MNIST}]({ctx.rel(folder / 'bpd_curves.png')})")
+        out.append(f"![bits/dim against updates, {folder.relative_to(ctx.root)}]({ctx.rel(folder / 'bpd_curves.png')})")
     return "\n\n".join(out)
 
 
@@ -79,7 +78,7 @@ def _value(r, column) -> str | None:
 
 def speed(ctx) -> str:
     out = ["### Generation speed: seconds per image and images per second"]
-    df = checked(ctx, SPEED, "throughput.csv", THROUGHPUT)
+    folder, df = checked(ctx, "speed", "throughput.csv", THROUGHPUT)
     if df is None:
         return "\n\n".join(out + [not_yet_run(SPEED)])
     mnist_rows = df[df["size"].map(dataset_of) == "mnist"]
@@ -101,7 +100,7 @@ def speed(ctx) -> str:
              + (f", {first['dtype']}" if "dtype" in df else "")
              + (f", {int(first['threads'])} torch thread(s)" if "threads" in df and pd.notna(first["threads"]) else "")
              ) if first is not None else "no MNIST rows"
-    out.append(f"Hardware: {hardware(mnist_rows)}  \nCommand: {source(ctx.root / SPEED, ctx.root)}  \n"
+    out.append(f"Hardware: {hardware(mnist_rows)}  \nCommand: {source(folder, ctx.root)}  \n"
                f"Setup: {setup}; (extrapolated): a generation stopped at its time budget and its total "
                "extrapolated; (loaded): the machine's 1-minute load passed its cores during the run")
     out.append(md_table(["method", f"s/image, batch {SMALL}", f"speed-up vs stateful softmax, batch {SMALL}",

@@ -1,10 +1,11 @@
-"""What the "Beyond the paper" tables share: the folders the section owns (build.py keeps them
-from the paper's sections, which would otherwise show a successors run as one more run of theirs),
-the command that makes each, and the marks of a run's rows."""
+"""What the "Beyond the paper" tables share: the folder each of the section's presets publishes
+and the command that makes it (said where results/claims.yaml names no run yet), the table of a
+folder the manifest names, and the marks of a run's rows."""
 import re
 from pathlib import Path
 
 from repro.common.results import REPO
+from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report import marks
 from repro.reproduction.report.format import code, command
 from repro.reproduction.report.schema import failed
@@ -19,17 +20,9 @@ RUNS = {
     "throughput/successors_cpu": "OMP_NUM_THREADS=1 python run.py experiment=throughput_successors_cpu",
     "asr/successors_cpu": "python run.py -m experiment=asr_successors_cpu",
 }
-FOLDERS = tuple(RUNS)
-
-
-def owned(path: Path, root: Path) -> bool:
-    """Whether a results file lies in one of the section's folders (at any depth)."""
-    return any(Path(root) / f in Path(path).parents for f in FOLDERS)
-
-
 def not_yet_run(folder: str) -> str:
-    """The line a table shows for a folder not made yet: its command, once its preset exists (a
-    command naming a preset that is not there would not run)."""
+    """The line a table shows where the manifest names no run: the command that makes its preset's
+    folder, once the preset exists (a command naming a preset that is not there would not run)."""
     preset = re.search(r"experiment=(\S+)", RUNS[folder])[1]
     if (REPO / "conf" / "experiment" / f"{preset}.yaml").is_file():
         return f"`{folder}`: not yet run: {code(RUNS[folder])}"
@@ -40,15 +33,18 @@ def source(folder: Path, root: Path) -> str:
     return f"`{folder.relative_to(root).as_posix()}`: {code(command(folder, root))}"
 
 
-def checked(ctx, folder: str, name: str, table):
-    """The CSV `name` of one of the section's folders (read once with every other CSV), checked
-    against what this table of the section needs; None when the folder does not hold it."""
-    path = ctx.root / folder / name
-    found = [df for p, df in ctx.beyond if p == path]
+def checked(ctx, part: str, name: str, table):
+    """(folder, the CSV `name` in it) of the folder the manifest names for this part of the section
+    (report.successors.<part>; read once with every other CSV), checked against what this table
+    needs; (None, None) when the manifest names none. A folder without the CSV: a ManifestError."""
+    folder = ctx.manifest.folder("successors", part)
+    if folder is None:
+        return None, None
+    found = [df for p, df in ctx.csvs if p == folder / name]
     if not found:
-        return None
-    table.check(path, found[0], ctx.root)
-    return found[0]
+        raise ManifestError(f"report.successors.{part}: {folder.relative_to(ctx.root)} holds no {name}")
+    table.check(folder / name, found[0], ctx.root)
+    return folder, found[0]
 
 
 def loaded_by(rows, key: str) -> dict:

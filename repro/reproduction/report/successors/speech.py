@@ -8,17 +8,16 @@ from repro.reproduction.report.speech import _seconds, is_timing_run
 from repro.reproduction.report.successors.runs import checked, loaded_by, not_yet_run, source, status_of, with_mark
 
 ENCODERS = ("softmax", "linear", "retention", "gla", "delta")
-FOLDER = "asr/successors_cpu"
+FOLDER = "asr/successors_cpu"  # where its preset publishes
 ASR = Table("asr_table.csv", {"model": str, "steps": float, "valid_per_%": float, "s_per_epoch": float,
                               "status": str}, {"cpu_s_per_epoch": float})
 
 
 def speech(ctx) -> str:
     out = ["### Speech recognition: phoneme error rate and seconds per epoch"]
-    df = checked(ctx, FOLDER, "asr_table.csv", ASR)
+    folder, df = checked(ctx, "speech", "asr_table.csv", ASR)
     if df is None:
         return "\n\n".join(out + [not_yet_run(FOLDER)])
-    folder = ctx.root / FOLDER
     runs = run_rows(folder)
     timing = is_timing_run(df, folder)
     loaded = loaded_by(runs, "model")
