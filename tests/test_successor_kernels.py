@@ -2,7 +2,9 @@
 their float64 recurrences (repro.kernels.reference), forward and backward: odd lengths that are no
 multiple of the chunk, D != M, gradcheck, decays that underflow over long sequences and chunks
 that decay past the midpoint split's range (the exact path), causality by perturbation, bf16
-against fp32, and the one-line errors."""
+against fp32, and the one-line errors. Their Function (repro.kernels.gated.RecomputedChunks) keeps
+its inputs alone for backward and recomputes the chunks a group at a time: groups of one chunk
+and of a few, the gradients of any subset of the inputs, second derivatives."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,10 +12,12 @@ import torch.nn.functional as F
 from repro.kernels import (
     delta_rule_dot_product,
     delta_rule_loop,
+    gated,
     gated_causal_dot_product,
     gated_causal_dot_product_loop,
 )
 from repro.kernels.gated import SPLIT_SPAN
+from repro.training.memory import saved_bytes
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -64,9 +68,78 @@ def test_chunked_equals_the_float64_recurrence(kind, n, chunk):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_gradcheck(kind):
+@pytest.mark.parametrize("group_bytes", [1, None])
+def test_gradcheck(monkeypatch, kind, group_bytes):
+    """float64 gradcheck at N = 11, C = 4 (a partial last chunk), the backward's groups of one
+    chunk (group_bytes 1) or the whole sequence in one (the default)."""
+    if group_bytes:
+        monkeypatch.setattr(gated, "RECOMPUTE_BYTES", group_bytes)
     xs = inputs(kind, b=1, h=2, n=11, d=3, m=4)
     assert torch.autograd.gradcheck(lambda *a: op(kind)(*a, chunk_size=4), xs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_second_derivatives(kind):
+    """gradgradcheck in float64: under create_graph the backward differentiates the forward
+    itself, so the gradients are differentiable in turn."""
+    xs = inputs(kind, b=1, h=1, n=7, d=2, m=3)
+    assert torch.autograd.gradgradcheck(lambda *a: op(kind)(*a, chunk_size=3), xs)
+
+
+def group_bytes_for(chunks, h=3, c=8, d=5, m=7):
+    """RECOMPUTE_BYTES that makes the backward's groups `chunks` chunks long (its own estimate
+    of a chunk's bytes, at inputs(kind)'s sizes, b=2, in float64)."""
+    return chunks * 4 * 2 * h * c * (c + d + m) * 8
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("chunks", [1, 3, 100])
+@pytest.mark.parametrize("need", ["qkvx", "q", "k", "v", "x", "qx", "kv"])
+def test_the_backward_by_groups_of_chunks_equals_the_recurrence(monkeypatch, kind, chunks, need):
+    """N = 67, C = 8 (9 chunks, the last partial) and the backward in groups of 1, 3 (the last
+    group shorter) or all 9 chunks: the gradients of the inputs that need one against autograd
+    through the float64 recurrence (the state's gradient is carried from group to group only
+    where k, v or the decay need it: q's alone need none)."""
+    monkeypatch.setattr(gated, "RECOMPUTE_BYTES", group_bytes_for(chunks))
+    xs = inputs(kind, n=67)
+    for x, name in zip(xs, "qkvx"):
+        x.requires_grad_(name in need)
+    out, ref = op(kind)(*xs, chunk_size=8), reference(kind)(*xs)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-11)
+    w, wrt = torch.randn_like(ref), [x for x in xs if x.requires_grad]
+    for a, r in zip(torch.autograd.grad((out * w).sum(), wrt), torch.autograd.grad((ref * w).sum(), wrt)):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,d,m", [(1024, 16, 16), (301, 16, 24)])
+def test_the_ops_keep_only_their_inputs_for_backward(kind, n, d, m):
+    """What autograd keeps (repro.training.memory.saved_bytes, exact over distinct storages) is
+    q, k, v and the decay or beta, nothing more: fp32, B = 2, H = 4, q, k, v as the projections
+    hand them over ((B, H, N, D) views of (B, N, H, D) tensors). Through autograd the chunked
+    path kept 3.9x (one decay per step), 4.0x (per key dimension) and 6.1x (delta) that at
+    N = 1,024, D = M = 16: its (C, C) scores and masks, every chunk's state."""
+    xs = [x.detach().float() for x in inputs(kind, b=2, h=4, n=n, d=d, m=m)]
+    xs[:3] = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in xs[:3]]
+    xs = [x.requires_grad_() for x in xs]
+    kept, out = saved_bytes(op(kind), *xs)
+    assert kept == sum(x.numel() * 4 for x in xs), f"{kept / 2**20:.2f} MiB"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_inside_a_layers_backward_the_ops_run_by_autograd_to_the_same_values(kind):
+    """autograd_through_chunks() (a layer's own backward, which recomputes them already): the
+    chunks' intermediates are kept, as autograd keeps them, and outputs and gradients are those
+    of the Function."""
+    xs = inputs(kind, n=45)
+    out = op(kind)(*xs, chunk_size=8)
+    with gated.autograd_through_chunks():
+        kept, plain = saved_bytes(op(kind), *xs, chunk_size=8)
+    assert kept > sum(x.numel() * 8 for x in xs) and type(plain.grad_fn).__name__ != "RecomputedChunksBackward"
+    torch.testing.assert_close(plain, out, rtol=0, atol=0)
+    w = torch.randn_like(out)
+    for a, r in zip(torch.autograd.grad((out * w).sum(), xs), torch.autograd.grad((plain * w).sum(), xs)):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("kind", ["per_step", "per_dim"])
@@ -81,9 +154,13 @@ def test_decays_that_underflow_over_a_long_sequence(kind):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_chunks_past_the_split_range_take_the_exact_path(dtype):
+@pytest.mark.parametrize("group_bytes", [1, None])
+def test_chunks_past_the_split_range_take_the_exact_path(monkeypatch, dtype, group_bytes):
     """Per key dimension: half the chunks decay by more than SPLIT_SPAN in one dimension (the
-    midpoint split's factors would overflow there), the rest gently; both kinds match."""
+    midpoint split's factors would overflow there), the rest gently; both kinds match, the
+    backward in groups of one chunk too."""
+    if group_bytes:
+        monkeypatch.setattr(gated, "RECOMPUTE_BYTES", group_bytes)
     c = 16
     xs = inputs("per_dim", b=1, h=2, n=5 * c + 3, d=4, m=3, dtype=dtype)
     with torch.no_grad():

@@ -14,7 +14,16 @@ its own valid length, with the same weights, and sums the two readouts before th
 so the current token is seen by both passes (counted twice, as in a bidirectional RNN's two
 directions; retention's own non-causal form subtracts it instead). Reversal is by index per
 sequence, so padding stays at the end in both passes and a padded batch equals its sequences
-alone. The recurrent twin (step) stays the causal one: the right-to-left pass needs the future."""
+alone. The recurrent twin (step) stays the causal one: the right-to-left pass needs the future.
+
+What the layer keeps for backward (docs/attention.md): its own autograd Function,
+_RecomputedReadout, keeps x and the parameters alone (x is the projections' input, kept by them
+anyway) and recomputes everything between the projections and the output projection in its
+backward: q, k, v from x, the per-token inputs, the memory, the norm and the gate. So the layer
+keeps its input, the output projection's input and its parameters: fewer bytes than the linear
+layer (x, q, k, v, its output and one normaliser per token). The memory's intermediates exist
+during that backward only; the ops' own Function (repro.kernels.gated.RecomputedChunks), which
+callers outside a layer get, keeps its inputs alone too."""
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +32,7 @@ from torch import nn
 
 from repro.attention.base import AttentionLayer
 from repro.common.errors import ConfigError
+from repro.kernels.gated import autograd_through_chunks
 
 NORMS = ("layer", "rms", "none")
 BIDIRECTIONAL_CONFIGS = "softmax, linear, retention"
@@ -91,12 +101,58 @@ def reverse(t, index, dim):
     return t.gather(dim, index.view(shape).expand_as(t))
 
 
+# The projections that AttentionLayer.forward applies to x before attend: q, k, v (their outputs
+# are recomputed from x in _RecomputedReadout's backward), and the output projection after it
+PROJECTIONS = ("q_proj.", "k_proj.", "v_proj.", "out_proj.")
+
+
+class _RecomputedReadout(torch.autograd.Function):
+    """(x, q, k, v) -> the layer's readout (B, H, N, M) before the output projection: per-token
+    inputs from x, the memory, the norm and the gate. It keeps x and the parameters alone for
+    backward (not q, k, v, the per-token inputs, the norm's or the gate's intermediates: x is kept
+    by the projections anyway); its backward computes q, k, v again from x by the layer's
+    projections, then the readout under autograd (the memory's chunked recurrence by autograd through
+    its chunks: a layer's backward holds their intermediates while it runs, as the plain graph did)."""
+
+    @staticmethod
+    def forward(ctx, layer, causal, keep, x, q, k, v, *params):
+        # the projections' parameters are saved for their version check only: a change in place
+        # before the backward would recompute other q, k, v
+        ctx.save_for_backward(x, *params, *(p for n, p in layer.named_parameters() if n.startswith(PROJECTIONS[:3])))
+        ctx.layer, ctx.causal, ctx.keep, ctx.n_params = layer, causal, keep, len(params)
+        dev = x.device.type  # the backward recomputes under the forward's autocast, to the same values
+        ctx.autocast = {"device_type": dev, "dtype": torch.get_autocast_dtype(dev),
+                        "enabled": torch.is_autocast_enabled(dev)}
+        return layer._readout(x, q, k, v, causal, keep)
+
+    @staticmethod
+    def backward(ctx, g):
+        layer, need = ctx.layer, ctx.needs_input_grad[3:]
+        x, *params = ctx.saved_tensors[:1 + ctx.n_params]
+        create = torch.is_grad_enabled()  # create_graph: x keeps its graph, and so do q, k, v and the gradients
+        with torch.enable_grad(), torch.autocast(**ctx.autocast):
+            xd = x if create else x.detach().requires_grad_(need[0])
+            with torch.set_grad_enabled(create):
+                qkv = [layer._heads(xd, proj, d) for proj, d in ((layer.q_proj, layer.d_keys),
+                                                                 (layer.k_proj, layer.d_keys),
+                                                                 (layer.v_proj, layer.d_values))]
+            if not create:
+                qkv = [t.detach().requires_grad_(r) for t, r in zip(qkv, need[1:4])]
+            with autograd_through_chunks():  # this backward recomputes them already
+                y = layer._readout(xd, *qkv, ctx.causal, ctx.keep)
+        wrt = [t for t, r in zip([xd, *qkv, *params], need) if r]
+        grads = iter(torch.autograd.grad(y, wrt, g, allow_unused=True, create_graph=create))
+        return (None, None, None, *(next(grads) if r else None for r in need))
+
+
 class SuccessorAttention(AttentionLayer):
     """Subclasses implement token_inputs(x) (what they compute from x beside q, k, v: a dict of
     (B, [N,] ...) tensors), memory(q, k, v, extra, causal, keep) for the parallel form and
     memory_step(q, k, v, extra, state) for the recurrent one; this class adds the norm and the
     gate, and hands the per-token inputs of the current call to attend / attend_step; for the
-    causal-only ones with bidirectional=True, the two-pass non-causal form (the module's doc)."""
+    causal-only ones with bidirectional=True, the two-pass non-causal form (the module's doc).
+    Under autograd, attend keeps for backward no more than x and the parameters
+    (_RecomputedReadout), fewer bytes than the linear layer keeps."""
 
     recurrent = True
     config_name = "successor"
@@ -117,7 +173,7 @@ class SuccessorAttention(AttentionLayer):
         self.chunk_size = chunk_size
         self.norm = None if norm == "none" else HeadNorm(norm, n_heads, self.d_values)
         self.gate_proj = nn.Linear(d_model, n_heads * self.d_values) if output_gate else None
-        self._extra = None  # this call's per-token inputs; set by forward and step only
+        self._x = None  # this call's input, which the per-token inputs come from; set by forward and step only
 
     def token_inputs(self, x) -> dict:
         return {}
@@ -141,24 +197,24 @@ class SuccessorAttention(AttentionLayer):
             raise ConfigError(f"attention {self.config_name} ({type(self).__name__}) is causal only: its update "
                               f"runs along the sequence and has no non-causal form; for causal=False use "
                               f"{BIDIRECTIONAL_CONFIGS}, or {ENABLE_BIDIRECTIONAL}")
-        self._extra = self._inputs(x) if x.dim() == 3 and x.shape[-1] == self.d_model else None  # else the base's error
+        self._x = x if x.dim() == 3 and x.shape[-1] == self.d_model else None  # else the base's error
         try:
             return super().forward(x, causal=causal, key_padding_mask=key_padding_mask)
         finally:
-            self._extra = None
+            self._x = None
 
     def step(self, x, state=None):
-        self._extra = self._inputs(x) if x.dim() == 2 and x.shape[-1] == self.d_model else None
+        self._x = x if x.dim() == 2 and x.shape[-1] == self.d_model else None
         try:
             return super().step(x, state)
         finally:
-            self._extra = None
+            self._x = None
 
-    def _extra_or_fail(self):
-        if self._extra is None:
+    def _x_or_fail(self):
+        if self._x is None:
             raise ValueError(f"{self.config_name}: call the layer itself (layer(x, ...) or layer.step), which "
                              f"computes its per-token inputs from x; attend() alone has none")
-        return self._extra
+        return self._x
 
     def _finish(self, y, gate):
         """The norm, then the gate: y (B, H, [N,] M), gate (B, [N,] H, M) or None."""
@@ -169,8 +225,19 @@ class SuccessorAttention(AttentionLayer):
         return y
 
     def attend(self, q, k, v, causal, key_padding_mask):
-        extra = self._extra_or_fail()
+        x = self._x_or_fail()
         keep = None if key_padding_mask is None else ~key_padding_mask[:, None, :]  # (B, 1, N)
+        # not in traced graphs (the compiler keeps its own choice of what to save), nor where
+        # nothing needs a gradient
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            params = [p for n, p in self.named_parameters() if not n.startswith(PROJECTIONS)]
+            if any(t.requires_grad for t in (x, q, k, v, *params)):
+                return _RecomputedReadout.apply(self, causal, keep, x, q, k, v, *params)
+        return self._readout(x, q, k, v, causal, keep)
+
+    def _readout(self, x, q, k, v, causal, keep):
+        """The per-token inputs from x, the memory over q, k, v, the norm and the gate: (B, H, N, M)."""
+        extra = self._inputs(x)
         if causal or not self.bidirectional:
             y = self.memory(q, k, v, extra, causal, keep)
         else:
@@ -188,6 +255,6 @@ class SuccessorAttention(AttentionLayer):
         return self.memory(q, k, v, extra, True, keep) + reverse(y_back, index, 2)
 
     def attend_step(self, q, k, v, state):
-        extra = self._extra_or_fail()
+        extra = self._inputs(self._x_or_fail())
         y, state = self.memory_step(q, k, v, extra, state)
         return self._finish(y, extra.get("gate")), state

@@ -12,15 +12,15 @@ chunk in parallel (W = T K, U = T V: one triangular solve with [K | V] on the ri
 Only the two (C, D) x (D, M) products of U' and S wait on the previous chunk: a loop over the
 N / C chunks; the rest is batched over every chunk at once.
 
-Differentiable in q, k, v and beta (autograd through these torch ops; the saved tensors are
-O(N (C + D + M)) plus a (D, M) state per chunk). Half-precision inputs run in fp32. The keys
-are the caller's: the layer L2-normalises them and keeps beta in (0, 1), where every
-I - beta k k^T is a contraction; other inputs may grow the state without bound, as the
-recurrence itself does.
+Differentiable in q, k, v and beta by repro.kernels.gated.RecomputedChunks: it keeps its four
+inputs alone for backward, and its backward recomputes the chunks a group at a time under
+autograd. Half-precision inputs run in fp32. The keys are the caller's: the layer L2-normalises
+them and keeps beta in (0, 1), where every I - beta k k^T is a contraction; other inputs may grow
+the state without bound, as the recurrence itself does.
 """
 import torch
 
-from repro.kernels.gated import compute_dtype, split_chunks
+from repro.kernels.gated import chunked_recurrence
 
 DELTA_CHUNK = 64  # measured on a CPU (docs/kernels.md)
 
@@ -43,29 +43,41 @@ class _UnitLowerInverse(torch.autograd.Function):
         return -(t.mT @ g @ t.mT).tril(-1)
 
 
+def _writes(kc, vc, bc):
+    """W = T K and U = T V (L, nc, C, D | M) for every chunk at once (the UT transform)."""
+    kb = kc * bc
+    # rows t: beta_t k_t . k_j for j < t; the unit diagonal is implied (unitriangular)
+    a = (kb @ kc.mT).tril(-1)  # (L, nc, C, C)
+    wu = _UnitLowerInverse.apply(a) @ torch.cat([kb, vc * bc], -1)  # (L, nc, C, D + M): T K | T V
+    return wu[..., :kc.shape[-1]], wu[..., kc.shape[-1]:]
+
+
+def _scan(kc, w, u, s0):
+    """(the state before each chunk (L, nc, D, M), what each chunk writes, U' = U - W S
+    (L, nc, C, M), the state after the last) from s0 (None: 0)."""
+    s = u.new_zeros(u.shape[0], kc.shape[-1], u.shape[-1]) if s0 is None else s0
+    before, written = [], []
+    # unbind, not x[:, j]: the backward of one select per chunk would zero-fill a whole
+    # (L, nc, C, X) gradient per chunk (O(nc^2) memory traffic)
+    for u_j, w_j, k_j in zip(u.unbind(1), w.unbind(1), kc.unbind(1)):
+        before.append(s)
+        u_j = torch.baddbmm(u_j, w_j, s, alpha=-1)  # (L, C, M): U - W S
+        written.append(u_j)
+        s = torch.baddbmm(s, k_j.mT, u_j)
+    return torch.stack(before, 1), torch.stack(written, 1), s
+
+
+def _chunks(qc, kc, vc, bc, s0=None):
+    """qc, kc (L, nc, C, D), vc (L, nc, C, M), bc (L, nc, C, 1; 0 in the padding: no write) ->
+    (out (L, nc, C, M), the state after)."""
+    states, u, s = _scan(kc, *_writes(kc, vc, bc), s0)
+    return qc @ states + (qc @ kc.mT).tril() @ u, s
+
+
+def _states(kc, vc, bc):
+    return _scan(kc, *_writes(kc, vc, bc), None)[0]
+
+
 def delta_rule_dot_product_chunked(q, k, v, beta, chunk_size=None):
     """q, k (B, H, N, D), v (B, H, N, M), beta (B, H, N) -> (B, H, N, M) in q's dtype."""
-    b_, h, n, d = q.shape
-    m = v.shape[-1]
-    c = chunk_size or DELTA_CHUNK
-    cd = compute_dtype(q.dtype)
-    with torch.autocast(q.device.type, enabled=False):
-        qc, kc, vc = (split_chunks(t.to(cd), c) for t in (q, k, v))  # (L, nc, C, X)
-        bc = split_chunks(beta.to(cd)[..., None], c)  # (L, nc, C, 1); 0 in the padding: no write
-        kb = kc * bc
-        # rows t: beta_t k_t . k_j for j < t; the unit diagonal is implied (unitriangular)
-        a = (kb @ kc.mT).tril(-1)  # (L, nc, C, C)
-        wu = _UnitLowerInverse.apply(a) @ torch.cat([kb, vc * bc], -1)  # (L, nc, C, D + M): T K | T V
-        w, u = wu[..., :d], wu[..., d:]  # (L, nc, C, D), (L, nc, C, M)
-        s = vc.new_zeros(vc.shape[0], d, m)
-        before, written = [], []
-        # unbind, not x[:, j]: the backward of one select per chunk would zero-fill a whole
-        # (L, nc, C, X) gradient per chunk (O(nc^2) memory traffic)
-        for u_j, w_j, k_j in zip(u.unbind(1), w.unbind(1), kc.unbind(1)):
-            before.append(s)
-            u_j = torch.baddbmm(u_j, w_j, s, alpha=-1)  # (L, C, M): U - W S
-            written.append(u_j)
-            s = torch.baddbmm(s, k_j.mT, u_j)
-        states, u = torch.stack(before, 1), torch.stack(written, 1)  # (L, nc, D, M), (L, nc, C, M)
-        out = qc @ states + (qc @ kc.mT).tril() @ u
-    return out.flatten(1, 2)[:, :n].view(b_, h, n, m).to(q.dtype)
+    return chunked_recurrence(_chunks, _states, chunk_size or DELTA_CHUNK, q, k, v, beta)
