@@ -129,3 +129,20 @@ def test_a_models_backend_is_its_attention_layers(monkeypatch):
     fields = model_backend(model, 8, 24, torch.float32, "cpu")
     assert fields["kernel_backend"] == "torch" and fields["kernel_fallback"]
     assert model_backend(BiLSTMEncoder(10, n_layers=1, hidden=8), 8, 24, torch.float32, "cpu") == {}
+
+
+@pytest.mark.parametrize("kernel, expect", [(None, "cpu"), ("torch", "torch")])
+def test_training_rows_record_the_kernel_their_steps_ran(compose_cfg, tmp_path, monkeypatch, capsys, kernel, expect):
+    """Every row of a training run from its first step on names its attention's kernel; a run on
+    the PyTorch path where the C kernel could run says so once on the console."""
+    from repro.tasks.copy import run
+
+    if kernel:
+        monkeypatch.setenv("REPRO_KERNEL", kernel)
+    elif not cpu_native.native(torch.device("cpu"), torch.float32):
+        pytest.skip(f"no fused CPU kernel here: {cpu_native.unavailable()}")
+    run(compose_cfg("experiment=smoke_copy", "attention=linear", "trainer.max_steps=4", "trainer.log_every=2",
+                    "trainer.eval_every=0", "trainer.progress=false", "task.max_len=16", f"+task.out_dir={tmp_path}"))
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    assert {r["kernel_backend"] for r in rows} == {expect} and rows[-1]["kind"] == "final"
+    assert ("runs on the PyTorch path" in capsys.readouterr().err) == (kernel == "torch")

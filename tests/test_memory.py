@@ -82,7 +82,7 @@ def test_kernels_past_the_memory_limit_are_oom_rows_and_the_run_goes_on(tmp_path
     assert [(r["n"], r["status"]) for r in rows] == [(64, "ok"), (64, "ok"), (10000000, "oom"), (10000000, "oom")]
     assert "needs at least 76.3 GiB" in rows[2]["reason"] and "estimated before allocating" in rows[2]["reason"]
     rows, proc = _run("task=kernels", "task.lengths=[512]", "task.implementations=[loop,chunked]", "task.repeats=1",
-                      "task.warmup=0", "+task.memory_limit_gb=0.1", tmp=tmp_path / "b")
+                      "task.warmup=0", "task.memory_limit_gb=0.1", tmp=tmp_path / "b")
     assert [(r["implementation"], r["status"]) for r in rows] == [("loop", "oom"), ("chunked", "ok")]
     assert "allocate" in rows[0]["reason"] and "loop N=512: oom" in proc.stderr
     assert (tmp_path / "b" / "kernels.csv").is_file()
@@ -97,13 +97,13 @@ def test_throughput_past_the_memory_limit_is_an_oom_row(compose_cfg, tmp_path, m
 
     base = ("task=throughput", "model=tiny", "task.sizes=[mnist]", "task.batches=[100000]", "task.time_budget_s=0.2",
             "task.probes=2")
-    throughput.run(compose_cfg(*base, "task.run_methods=[linear,stateful-softmax,softmax]", "+task.memory_limit_gb=1",
+    throughput.run(compose_cfg(*base, "task.run_methods=[linear,stateful-softmax,softmax]", "task.memory_limit_gb=1",
                                f"+run_dir={tmp_path}"))
     rows = read_jsonl(tmp_path / "results.jsonl")
     assert [r["status"] for r in rows] == ["oom"] * 3
     assert all("estimated before allocating" in r["reason"] for r in rows)
     monkeypatch.setattr(throughput, "needed_bytes", lambda *a: 0)
-    throughput.run(compose_cfg(*base, "task.run_methods=[linear]", "+task.memory_limit_gb=0.2",
+    throughput.run(compose_cfg(*base, "task.run_methods=[linear]", "task.memory_limit_gb=0.2",
                                f"+run_dir={tmp_path / 'cap'}"))
     row, = read_jsonl(tmp_path / "cap" / "results.jsonl")
     assert row["status"] == "oom" and "allocate" in row["reason"], row

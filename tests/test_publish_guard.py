@@ -199,6 +199,16 @@ def test_a_benchmark_sweep_publishes_once_at_its_end(tmp_path):
                                                                ("softmax", 32)]
 
 
+def test_a_conformance_sweep_publishes_once_at_its_end(tmp_path):
+    """Conformance jobs published each their own table, so the second job was refused by the first
+    one's rows; now the sweep's summary publishes both."""
+    folder = tmp_path / "pub"
+    proc = run_py("-m", "task=conformance", "model=tiny", "attention=softmax,linear", "task.length=9", "task.batch=2",
+                  f"task.publish={folder}", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert proc.returncode == 0, proc.stderr
+    assert {r["attention"] for r in read_jsonl(folder / "conformance_rows.jsonl")} == {"softmax", "linear"}
+
+
 def test_kernels_and_throughput_refuse_before_measuring(compose_cfg, tmp_path):
     from repro.tasks import kernels, throughput
 

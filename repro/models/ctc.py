@@ -44,6 +44,8 @@ class CTCTransformer(nn.Module):
     """Frames -> (optional conv subsampling | linear) + sinusoidal positions -> the paper's
     transformer (non-causal, key-padding mask) -> linear -> log-softmax over blank + phonemes."""
 
+    causal = False  # its attention sees the whole utterance (what a timing row's kernel is asked for)
+
     def __init__(self, attention, n_labels: int, n_features: int = 40, n_layers: int = 9, d_model: int = 192,
                  n_heads: int = 6, d_ff: int = 768, dropout: float = 0.1, activation: str = "relu",
                  norm_first: bool = False, final_norm: bool = True, subsample: int = 1):

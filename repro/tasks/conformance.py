@@ -8,7 +8,7 @@ import pandas as pd
 
 from repro.attention.conformance import check, first_failure
 from repro.cli.attention import attention_name, build_attention
-from repro.cli.config import ConfigError, RunFailed, parse_device, run_dir
+from repro.cli.config import ConfigError, RunFailed, in_multirun, parse_device, run_dir
 from repro.common.results import atomic_write, json_text, output_dirs, provenance, rows_to_csv, write_jsonl
 
 COLUMNS = ["attention", "property", "result", "detail"]
@@ -32,7 +32,8 @@ def run(cfg) -> float:
     rows = [{**meta, **row} for row in table]
     out = run_dir(cfg)
     write_jsonl(out / "results.jsonl", rows)
-    failures = aggregate(rows, out)
+    # a sweep's job keeps its table to its own dir: the sweep's summary publishes every job's rows once
+    failures = aggregate([{**r, "publish": None} for r in rows] if in_multirun() else rows, out)
     failed = first_failure(table)
     if failed:
         raise RunFailed(f"attention {name} ({target}) fails {failed['property']}: {failed['detail']}")

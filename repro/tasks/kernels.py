@@ -3,7 +3,7 @@ the chunked path, the dispatcher (whatever it picks here: the fused C kernel on 
 kernels on a GPU once verified), the per-step loop (the RNN definition) and the naive masked
 (N, N) formula. Forward and forward+backward; rows, a table, the ratios, and the kernel each ran
 on (kernel_backend: the chunked path takes the fused C kernel on a CPU as the dispatcher does). A
-point whose least memory (needed_bytes) passes the limit (+task.memory_limit_gb, else 80% of the
+point whose least memory (needed_bytes) passes the limit (task.memory_limit_gb, else 80% of the
 memory free) is an 'oom' row before it allocates, and one that passes it while running (the
 process is capped: repro.training.memory) is one too; the next point runs.
 (python -m repro.reproduction.bench times the GPU kernels against their outside peers.)"""

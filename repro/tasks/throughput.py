@@ -17,7 +17,7 @@ the image's length, the floor under any step at batch 1, where reading the weigh
 is the cost.
 
 A method whose least memory (weights, and its state, key/value cache or re-run activations: see
-needed_bytes) passes the limit (+task.memory_limit_gb, else 80% of the memory free) is an 'oom'
+needed_bytes) passes the limit (task.memory_limit_gb, else 80% of the memory free) is an 'oom'
 row before it allocates; inside, the process is capped at the limit (repro.training.memory), so
 an allocation past it is an 'oom' row too, and the next method runs. Every row names the kernel
 its attention ran on (repro.training.backends).

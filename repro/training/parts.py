@@ -156,7 +156,8 @@ def rows_last(rows, kind, key):
 MAY_CHANGE_ON_RESUME = ("trainer.max_steps", "trainer.max_time_s", "trainer.log_every", "trainer.eval_every",
                         "trainer.eval_batches", "trainer.checkpoint", "trainer.checkpoint_every", "trainer.resume",
                         "trainer.progress", "trainer.threads", "trainer.compile", "trainer.compile_backend",
-                        "task.label", "task.publish", "task.out_dir", "run_dir", "logger", "device", "hydra")
+                        "task.label", "task.publish", "task.publish_replace", "task.out_dir", "run_dir", "logger",
+                        "device", "hydra")
 
 
 def default_fingerprint(cfg) -> dict:

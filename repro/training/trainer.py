@@ -42,6 +42,7 @@ from repro.cli.config import ConfigError, in_multirun, parse_device
 from repro.cli.logging import NullLogger, make_logger
 from repro.common.results import provenance
 from repro.training import distributed as ddp
+from repro.training.backends import model_backend, note_fallback
 from repro.training.checkpoint import (
     LAST,
     check_fingerprint,
@@ -195,6 +196,8 @@ class Trainer:
         with stop_on_signals() as self.stop:
             while self.step < t.max_steps and not self.out_of_time:
                 batch = to_device(next(self.train_data), self.device)
+                if "kernel_backend" not in self.meta:
+                    self._record_backend(batch)
                 try:
                     self.train_step(batch)
                 except torch.OutOfMemoryError as err:
@@ -211,6 +214,17 @@ class Trainer:
                     self.status = f"stopped by signal at step {self.step}"
                     break
         return self.finish()
+
+    def _record_backend(self, batch):
+        """The kernel the model's attention runs on, in every row from the first step on
+        (repro.training.backends), with one console note where it fell back to the PyTorch path."""
+        first = next((x for x in _tensors(batch) if x.dim() >= 2), None)
+        dtype = torch.bfloat16 if self.t.precision == "bfloat16" else (
+            torch.float16 if self.t.precision == "float16" else next(self.model.parameters()).dtype)
+        fields = {} if first is None else model_backend(self.model, first.shape[0], first.shape[1], dtype, self.device,
+                                                        causal=getattr(self.model, "causal", True))
+        self.meta.update(fields or {"kernel_backend": None})
+        note_fallback(self.identity.get("attention", "the attention"), fields)
 
     def train_step(self, batch):
         """One update. The loss, grad norm and metrics go to the window as device tensors: no
@@ -398,3 +412,15 @@ class Trainer:
             "loadavg_1min_start": self.load_start, "loadavg_1min_end": os.getloadavg()[0],
             "threads": torch.get_num_threads(), "world_size": self.world,
             **({"compile_backend": t.compile_backend} if t.compile else {})}
+
+
+def _tensors(batch):
+    """The tensors of a batch (a tensor, or tuples, lists and dicts of them), in order."""
+    if torch.is_tensor(batch):
+        yield batch
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from _tensors(v)
+    elif isinstance(batch, (tuple, list)):
+        for v in batch:
+            yield from _tensors(v)
