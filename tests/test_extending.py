@@ -58,6 +58,7 @@ def test_an_attention_a_task_and_a_report_table_added_as_documented_run_end_to_e
     assert sorted(set(table.attention)) == ["mean", "softmax"] and len(table) == 4
     run("run.py", "experiment=smoke_copy", "attention=mean", "task.max_len=12", "task.batch_size=4",
         "trainer.max_steps=3", "trainer.eval_every=0", "trainer.checkpoint=false", "trainer.progress=false")
+    (clone / "results" / "claims.yaml").write_text("report:\n  norms: [norms]\nruns:\n  norms: command.txt\n")
     run("-m", "repro.report", "--results", "results")
     report = (clone / "results" / "REPORT.md").read_text()
     assert "## Output norms (task=norms)" in report and "| mean | 8 |" in report

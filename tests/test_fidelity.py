@@ -12,6 +12,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 import torch
+from report_manifest import write_manifest
 
 from repro.common.results import REPO, read_jsonl
 from repro.reproduction import fidelity as drv
@@ -313,6 +314,8 @@ def _runs(tmp_path, folder="fidelity/copy_cpu", ours=(0.10, 0.12, 0.08), theirs=
 
 
 def _section(results):
+    write_manifest(results, fidelity=sorted(str(f.parent.relative_to(results))
+                                            for f in results.glob("fidelity/*/fidelity_runs.csv")))
     text = build(results, results / "REPORT.md")
     return text.split("## Fidelity")[1].split("\n## ")[0]
 
@@ -328,6 +331,7 @@ def test_section_verdicts_from_runs(tmp_path):
 
 def test_section_refuses_damaged_and_conflicting_runs(tmp_path):
     d = _runs(tmp_path)
+    write_manifest(tmp_path / "results", fidelity=["fidelity/copy_cpu"])
     table = pd.read_csv(d / "fidelity_runs.csv")
     pd.concat([table, table.iloc[:1]]).to_csv(d / "fidelity_runs.csv", index=False)  # one run twice
     with pytest.raises(SchemaError, match=r"2 rows for one run \(copy, linear, authors, script, seed 0\)"):

@@ -6,6 +6,7 @@ import sys
 
 import pandas as pd
 import pytest
+from report_manifest import write_manifest
 
 from repro.common.results import REPO
 from repro.reproduction.report import build
@@ -48,6 +49,7 @@ def test_the_section_sets_linear_against_softmax(tmp_path):
                                   ("b", "softmax", 4.0, 5.0, 10.0), ("b", "linear", 5.0, 10.0, 20.0))]
     pd.DataFrame(rows).to_csv(tmp_path / "mm" / "model_memory.csv", index=False)
     (tmp_path / "mm" / "command.txt").write_text("python -m repro.reproduction.model_memory\n")
+    write_manifest(tmp_path, memory=["mm"])
     md = build(tmp_path, tmp_path / "R.md")
     section = md.split("## Memory of whole models in training", 1)[1]
     assert "| a | 24 | 8 | linear | 3 | 5.5 | 10.5 (9.5-11.5) |" in section

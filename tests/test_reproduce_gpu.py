@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from report_manifest import write_manifest
 
 from repro.common.results import read_jsonl
 from repro.reproduction import report, reproduce_gpu
@@ -105,6 +106,8 @@ def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
     assert all(r["git_sha"] == "0123abcd4567" for r in read_jsonl(out / "kernels" / "bench.jsonl")) or \
         (REPO / ".git").exists()  # where the tree has no .git, rows take the commit passed in
     # the report's readers take the GPU folders as they take the CPU ones
+    write_manifest(out, figure1=["figure1"], figure2=["copy"], table_3=["speech"],
+                   tables_1_2={"bits_per_dim": ["mnist"], "bpd_vs_time": ["mnist"]})
     text = report.build(out, tmp_path / "REPORT.md")
     assert "### figure1" in text and "### copy" in text and "### speech" in text
     assert "### Table 1, MNIST: held-out bits/dim against training time (mnist)" in text  # step 6's bpd_vs_time.csv

@@ -2,14 +2,13 @@
 the table it reads (norms.csv and its columns) and renders one part of REPORT.md. Copied to
 repro/reproduction/report/norms.py by tests/test_extending.py."""
 from repro.reproduction.report.format import code, command, md_table
-from repro.reproduction.report.schema import Table, named
+from repro.reproduction.report.schema import Table
 
 TABLES = [Table("norms.csv", {"attention": str, "n": float, "output_norm": float})]
 
 
 def norms(ctx) -> str:
-    found = named(ctx.csvs, "norms.csv")
-    ctx.used |= {folder for folder, _ in found}
+    found = ctx.named("norms", "norms.csv")  # the folders results/claims.yaml lists under report.norms
     out = ["## Output norms (task=norms)"]
     for folder, df in found:
         rows = [[r.attention, int(r.n), r.output_norm] for _, r in df.iterrows()]
