@@ -160,7 +160,8 @@ def _write(results, lsh_copy_loss=0.6, linear_copy_loss=0.002, linear_falling=0.
     copy = results / "copy/figure2_n128_cpu"
     copy.mkdir(parents=True)
     final = {"softmax": 0.0001, "linear": linear_copy_loss, "lsh-4": lsh_copy_loss}
-    common = {"max_len": 128, "min_copy": 32, "max_copy": 62, "n_layers": 2, "d_model": 64}
+    common = {"max_len": 128, "min_copy": 32, "max_copy": 62, "n_layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 128,
+              "max_steps": 4000}
     rows = []
     for a, v in final.items():
         for seed, f in enumerate(SEED_FACTORS):
@@ -208,7 +209,8 @@ GEN, GPU_MNIST = "gpu/NVIDIA_H100_80GB_HBM3/generation", "gpu/NVIDIA_H100_80GB_H
 def test_section_from_results(tmp_path):
     _write(tmp_path)
     rows = claims.claims(tmp_path)
-    fig1, copy_linear, copy_lsh, mnist_steps, mnist_time, asr, gen, *untestable = rows
+    fig1, copy_linear, copy_lsh, sweep, mnist_steps, mnist_time, asr, gen, *untestable = rows
+    assert sweep.verdict == f"{NOT_TESTABLE}: not run"  # no sweep folder named
     assert fig1.verdict.startswith(REPRODUCED) and "linear 1.10, softmax-math" in fig1.here
     assert "linear faster from N = 512 (softmax-math)" in fig1.here
     assert "softmax-math 2,048 (timeout at N=4096)" in fig1.here
@@ -269,7 +271,7 @@ def test_section_without_runs(tmp_path):
     claim's file: that claim says which folder it looked in."""
     write_manifest(tmp_path)
     rows = claims.claims(tmp_path)
-    assert [r.verdict for r in rows[:10]] == [f"{NOT_TESTABLE}: not run"] * 10
+    assert [r.verdict for r in rows[:11]] == [f"{NOT_TESTABLE}: not run"] * 11
     assert "no run named for it in `results/claims.yaml`" in rows[1].here
     assert claims.section(tmp_path).count(NOT_TESTABLE) == len(rows)
     (tmp_path / "copy" / "empty").mkdir(parents=True)
@@ -290,6 +292,41 @@ def test_each_claim_is_judged_from_the_folder_the_manifest_names(tmp_path):
     assert "figure2_n128_cpu" not in claims.section(tmp_path)
 
 
+def _cell(folder, losses, **setup):
+    """A sweep cell's final rows: {attention: [loss per seed]} at these settings (task=copy's fields)."""
+    base = {"kind": "final", "max_len": 128, "min_copy": 32, "max_copy": 62, "n_layers": 2, "d_model": 64,
+            "n_heads": 4, "d_ff": 128, "max_steps": 4000, "steps": 4000, "eval_accuracy": 0.9, "status": "ok"}
+    rows = [{**base, **setup, "attention": a, "seed": seed, "eval_loss": v}
+            for a, values in losses.items() for seed, v in enumerate(values)]
+    folder.mkdir(parents=True)
+    (folder / "copy_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_sweep_row_says_which_change_brings_linear_to_softmax(tmp_path):
+    """Cells that each change one thing of the judged run: per-head state, width, budget. Each is
+    set beside softmax at its width (its own, else the judged run's), with Welch's interval; the
+    verdict names the cells that reach softmax and what each change did to linear's loss."""
+    _write(tmp_path, linear_copy_loss=0.3)
+    sweep = tmp_path / "copy/sweep"
+    _cell(sweep / "heads", {"linear": [0.5, 0.6, 0.55]}, n_heads=2)
+    _cell(sweep / "wide", {"linear": [0.005, 0.006, 0.004], "softmax": [0.003, 0.004, 0.0035]}, d_model=256,
+          n_heads=8, d_ff=1024)
+    _cell(sweep / "long", {"linear": [0.06, 0.07, 0.05]}, max_steps=10000, steps=10000)
+    (sweep / "README.md").write_text("# cells\n\n    python run.py -m experiment=copy_claims_n128_cpu\n")
+    write_manifest(tmp_path, claims={**CLAIMS, "copy_sweep": "copy/sweep"})
+    row = claims.claims(tmp_path)[3]
+    assert row.claim == claims.SWEEP_CLAIM
+    assert "d_model 64, 2 x 32, 2 layers, 4,000 updates: linear 0.55 ± 0.050 (3 seeds)" in row.here
+    g = verdicts.welch(Seeds((0.5, 0.6, 0.55)), Seeds(tuple(0.0001 * f for f in SEED_FACTORS)))
+    assert f"0.55 above softmax's 0.00010 (95 % CI [{g.lo:#.2g}, {g.hi:#.2g}])" in row.here
+    assert "d_model 256, 8 x 32" in row.here and "above softmax's 0.0035" in row.here  # its own softmax
+    assert row.verdict.startswith(f"{MEASURED}: linear reaches softmax's loss (within 0.01) at d_model 256, 8 x 32")
+    assert "width: d_model 256 (8 x 32) 0.0050" in row.verdict and "per-head state: 2 x 32 0.55" in row.verdict
+    assert "budget: 10,000 updates 0.060" in row.verdict and "linear's loss from 0.30 at d_model 64" in row.verdict
+    shutil.rmtree(sweep / "wide")
+    assert claims.claims(tmp_path)[3].verdict.startswith(f"{MEASURED}: no cell brings linear to softmax's loss")
+
+
 def test_mnist_ties_inside_the_seeds_spread_are_undecided(tmp_path):
     """Seeds 0.05 apart and levels 0.02 apart: every interval includes 0, so the order is
     undecided at this scale, with the smallest gap the runs could have detected."""
@@ -302,7 +339,7 @@ def test_mnist_ties_inside_the_seeds_spread_are_undecided(tmp_path):
     rows += [{"kind": "final", "attention": a, "seed": seed, "cpu_time_per_step_ms": 100.0, "steps": 400,
               "status": "ok"} for a in level for seed in range(5)]
     (img / "image_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    mnist_steps = claims.claims(tmp_path)[3]
+    mnist_steps = claims.claims(tmp_path)[4]
     assert mnist_steps.verdict.startswith(f"{UNDECIDED}: ") and "includes 0" in mnist_steps.verdict
     assert "these runs could detect a gap of" in mnist_steps.verdict
 
@@ -400,7 +437,7 @@ def test_a_failed_run_is_never_judged(tmp_path):
     rows = [json.loads(line) for line in img.read_text().splitlines()]
     next(r for r in rows if r["kind"] == "final" and r["attention"] == "lsh-1")["status"] = "error: non-finite loss"
     img.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    _, copy_linear, copy_lsh, mnist_steps, mnist_time, *_ = claims.claims(tmp_path)
+    _, copy_linear, copy_lsh, _, mnist_steps, mnist_time, *_ = claims.claims(tmp_path)
     for c in (copy_linear, copy_lsh):
         assert c.verdict == f"{NOT_TESTABLE}: a run failed (softmax seed 0 failed (timeout))", c.verdict
     for c in (mnist_steps, mnist_time):

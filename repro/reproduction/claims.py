@@ -35,6 +35,7 @@ from repro.reproduction.verdicts import (
     reaches,
     slopes,
     still_falling,
+    welch,
 )
 
 NOT_REPRODUCED, NOT_TESTABLE = "not reproduced", "not testable here"  # the single-run speed claims
@@ -177,6 +178,70 @@ def copy_claims(results: Path, folder: str | None) -> list[Claim]:
     else:
         out.append(_missing(c2, "curves only", folder))
     return out
+
+
+SWEEP_CLAIM = "Figure 2 at N = 128: what closes linear's gap to softmax, width, per-head state or budget?"
+SWEEP_CELL = ("d_model", "n_heads", "n_layers", "d_ff", "max_steps")
+
+
+def _cell(rows: pd.DataFrame) -> dict:
+    first = rows.iloc[0]
+    return {k: int(first[k]) for k in SWEEP_CELL if k in rows}
+
+
+def _cell_text(c: dict) -> str:
+    return (f"d_model {c['d_model']}, {c['n_heads']} x {c['d_model'] // c['n_heads']}, {c.get('n_layers', '?')} "
+            f"layers, {c.get('max_steps', 0):,} updates")
+
+
+def copy_sweep_claim(results: Path, folder: str | None, baseline: str | None) -> Claim:
+    """Measurements, not a verdict: linear's held-out copy loss at N = 128 in each cell of the sweep
+    (each a subfolder: one change of width, heads or updates from the judged run), beside softmax at
+    the same width (the cell's own, else the judged run's) and the judged run's linear. The words
+    say what the cells show: which change brings linear to softmax's loss, if any."""
+    paper_text = f"the paper's model: {paper.FIGURE2_SETUP}"
+    if folder is None or not (results / folder).is_dir():
+        return _missing(SWEEP_CLAIM, paper_text, folder)
+    runs = {}
+    base_path = results / str(baseline) / "copy_rows.jsonl"
+    for path in [base_path] * base_path.exists() + sorted((results / folder).glob("*/copy_rows.jsonl")):
+        rows = pd.DataFrame(read_rows(path, results, COPY_ROWS))
+        final = rows[(rows.kind == "final") & (rows.status == "ok")]
+        by = {a: Seeds(tuple(float(v) for v in g.sort_values("seed").eval_loss)) for a, g in final.groupby("attention")}
+        runs[path.parent.relative_to(results).as_posix()] = (_cell(final), by)
+    base = runs.get(str(baseline))
+    softmax = {c["d_model"]: by["softmax"] for c, by in runs.values() if "softmax" in by}
+    parts, reached = [], []
+    for name, (c, by) in runs.items():
+        if "linear" not in by:
+            continue
+        ref = by.get("softmax") or softmax.get(c["d_model"])
+        line = f"{_cell_text(c)}: linear {by['linear'].text('{:#.2g}')}"
+        if ref is not None and min(ref.n, by["linear"].n) >= 2:
+            g = welch(by["linear"], ref)
+            line += f", {g.diff:#.2g} above softmax's {ref.mean:#.2g} (95 % CI [{g.lo:#.2g}, {g.hi:#.2g}])"
+            reached += [_cell_text(c)] if g.hi <= COPY_LOSS_TOL else []
+        shown = name[len(folder) + 1:] if name.startswith(f"{folder}/") else name  # a cell: its own name
+        parts.append(f"{line} (`{shown}`)")
+    if base is None or "linear" not in base[1]:
+        return Claim(SWEEP_CLAIM, paper_text, "; ".join(parts) + f"; the cells in (`{folder}`)",
+                     f"{MEASURED}: no judged run to compare with")
+    b_cell, b_lin = base[0], base[1]["linear"].mean
+    changes = {"width": [], "per-head state": [], "budget": []}
+    for name, (c, by) in runs.items():
+        if name == str(baseline) or "linear" not in by:
+            continue
+        kind = ("budget" if c.get("max_steps") != b_cell.get("max_steps") else
+                "width" if c["d_model"] != b_cell["d_model"] else "per-head state")
+        what = {"budget": f"{c.get('max_steps', 0):,} updates",
+                "width": f"d_model {c['d_model']} ({c['n_heads']} x {c['d_model'] // c['n_heads']})",
+                "per-head state": f"{c['n_heads']} x {c['d_model'] // c['n_heads']}"}[kind]
+        changes[kind].append(f"{what} {by['linear'].mean:#.2g}")
+    said = "; ".join(f"{k}: {', '.join(v)}" for k, v in changes.items() if v)
+    verdict = (f"{MEASURED}: linear reaches softmax's loss (within {COPY_LOSS_TOL:g}) at " + "; ".join(reached)
+               if reached else f"{MEASURED}: no cell brings linear to softmax's loss (within {COPY_LOSS_TOL:g})")
+    return Claim(SWEEP_CLAIM, paper_text, "; ".join(parts) + f"; the cells in (`{folder}`)",
+                 f"{verdict}; linear's loss from {b_lin:#.2g} at {_cell_text(b_cell)}, by the change made: {said}")
 
 
 def _order_verdict(seeds: dict[str, Seeds], order: list[str]) -> tuple[str, str]:
@@ -446,6 +511,7 @@ def claims(results_dir: Path, manifest: Manifest | None = None) -> list[Claim]:
     named = (manifest or manifests.load(results_dir)).claim
     return [figure1_claim(results_dir, named("figure1")),
             *_unjudged(copy_claims, results_dir, named("copy"), COPY_CLAIMS),
+            copy_sweep_claim(results_dir, named("copy_sweep"), named("copy")),
             *_unjudged(mnist_claims, results_dir, named("mnist"), MNIST_CLAIMS),
             asr_claim(results_dir, named("asr")), batch_claim(results_dir, named("batch")),
             *gpu_claims(results_dir, named("gpu_generation"), named("gpu_mnist"), named("batch")), *untestable()]

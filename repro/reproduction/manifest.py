@@ -32,6 +32,8 @@ class ManifestError(ConfigError):
 CLAIMS = {
     "figure1": "Figure 1: time slopes and the largest N (summary.json)",
     "copy": "Figure 2: linear reaches softmax's copy loss, LSH-4 ends above both (copy_rows.jsonl)",
+    "copy_sweep": "Figure 2 at N = 128: linear against width, per-head state and budget (a folder of cells, each "
+                  "a folder with copy_rows.jsonl)",
     "mnist": "Tables 1 and 2: the MNIST bits/dim order, and linear below softmax at equal time (image_rows.jsonl)",
     "asr": "Table 3: linear's speed-up per epoch (asr_table.csv, asr_rows.jsonl)",
     "batch": "linear's lead over the key/value cache against the batch (throughput.csv)",
