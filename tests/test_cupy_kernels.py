@@ -255,7 +255,7 @@ def test_second_derivatives_of_the_ops_backward_functions_on_cpu(monkeypatch):
         return lambda *a: torch.no_grad()(fn)(causal_dot_product_chunked, *a)
 
     monkeypatch.setattr(cupy_backend, "_cdp", Cdp.apply)
-    monkeypatch.setattr(cupy_backend, "_cdp_backward", no_derivative(causal_product_grads))
+    monkeypatch.setattr(cupy_backend, "cdp_backward", no_derivative(causal_product_grads))
     monkeypatch.setattr(cupy_backend, "_cla_backward", no_derivative(cupy_backend.cla_grads))
     gen = torch.Generator().manual_seed(5)
     q, k = (torch.rand(1, 2, 11, 3, dtype=torch.float64, generator=gen).add(0.3).requires_grad_() for _ in range(2))

@@ -1,5 +1,5 @@
 """The linear layer's own autograd Function (repro.attention.linear._RecomputedAttention): what it
-keeps for backward, counted exactly, against SDPA softmax's (issue 28); its values and gradients
+keeps for backward, counted exactly, against SDPA softmax's; its values and gradients
 against float64 formulas written out (causal or not, padded keys, feature maps, the inputs that
 need a gradient); second derivatives; a feature map redrawn before the backward."""
 import pytest
@@ -28,7 +28,7 @@ def _layer_bytes(layer, x, causal):
 @pytest.mark.parametrize("causal", [True, False])
 def test_linear_layer_keeps_no_more_for_backward_than_sdpa_softmax(n, dtype, causal):
     """Exact counts over distinct storages (repro.training.memory.saved_bytes), one layer at
-    d_model 256, 8 heads, batch 1, as issue 28 measured it: linear and Performer were 1.4-4.6x
+    d_model 256, 8 heads, batch 1, as first measured: linear and Performer were then 1.4-4.6x
     SDPA's (35.3 MiB linear, 97.5 MiB Performer, 21.1 MiB SDPA at N = 4,096 in fp32)."""
     torch.manual_seed(0)
     x = torch.randn(1, n, 256, dtype=dtype, requires_grad=True)
@@ -142,7 +142,7 @@ def test_a_redraw_between_forward_and_backward_is_refused():
 
 
 def test_a_non_finite_key_reaches_only_later_outputs_through_the_layer():
-    """An inf in the input at position 40 of 70 (issue 27): the causal layer's outputs before it
+    """An inf in the input at position 40 of 70: the causal layer's outputs before it
     stay finite and equal the layer's on the first 40 tokens alone; those from it on are not."""
     torch.manual_seed(4)
     layer = LinearAttention(d_model=16, n_heads=2)
@@ -172,7 +172,7 @@ def test_the_dispatchers_backward_against_the_naive_formula(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     calls = []
     monkeypatch.setattr(kernels, "select_backend", lambda *a: ("cupy", "a test"))
-    monkeypatch.setattr(cupy_backend, "_cdp_backward", lambda *a: calls.append(a) or want)
+    monkeypatch.setattr(cupy_backend, "cdp_backward", lambda *a: calls.append(a) or want)
     got = causal_dot_product_backward(q, k, v, g, (False, True, True))
     assert len(calls) == 1 and got[0] is None and got[1] is want[1] and got[2] is want[2]
 

@@ -1,5 +1,5 @@
 """repro.reproduction.profile_kernels on a CPU: the kernel table from profiler events, the inputs,
-and a one-line refusal without a GPU (the profile itself runs on a lent GPU)."""
+and a one-line refusal without a GPU (the profile itself needs a CUDA GPU)."""
 from types import SimpleNamespace
 
 import torch
@@ -169,7 +169,7 @@ def test_host_paths_call_each_layer_of_the_launch_path():
     fake = SimpleNamespace(
         launch=lambda q, k, v: calls.append(("launch", q.dim())),
         causal_dot_product=op,
-        _cdp_backward=lambda q, k, v, g: calls.append(("op_bwd", q.requires_grad, g.shape == v.shape)))
+        cdp_backward=lambda q, k, v, g: calls.append(("op_bwd", q.requires_grad, g.shape == v.shape)))
     (q, k, v), up = profile_kernels.inputs(1, 2, 9, 4, 3, torch.float64, torch.device("cpu"), grad=True)
     paths = profile_kernels.host_paths(fake, q, k, v, up)
     assert list(paths) == ["launch", "op_fwd", "op_bwd", "fwd", "fwd_bwd"]
@@ -197,7 +197,7 @@ def test_variants_part_interleaves_the_switches_and_restores_them(tmp_path, monk
         return q, k, v * (2.0 if fake.STAGED is True else 1.0)  # and one differs in the backward only
 
     fake = SimpleNamespace(BARE_SMEM="was-a", VEC_LOADS="was-b", STAGED="was-c", launch=launch,
-                           _cdp_backward=backward)
+                           cdp_backward=backward)
     monkeypatch.setattr(profile_kernels, "event_ms", lambda fn: (fn(), 1.5)[1])
     args = argparse.Namespace(lengths=[16, 32])
     profile_kernels.variants_part(args, provenance(torch.device("cpu")), str(tmp_path), fake, torch.device("cpu"))

@@ -523,7 +523,7 @@ def test_every_section_module_declares_what_it_reads():
     """Each module of the report package that renders a section declares its tables (TABLES,
     possibly empty for one that reads no CSV) and (order, name, render) entries."""
     from repro.reproduction.report import Table
-    from repro.reproduction.report.build import section_modules
+    from repro.reproduction.report.sections import section_modules
 
     modules = section_modules()
     names = [name for m in modules for _, name, _ in m.SECTIONS]

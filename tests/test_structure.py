@@ -1,6 +1,6 @@
 """The package's shape (docs/README.md, "Code layout"): three floors and a ground floor, every
 import pointing down or sideways, never up; the library importable without Hydra, OmegaConf or
-wandb; no module past about 400 lines."""
+wandb; no import circle and no private name taken across modules."""
 import ast
 import subprocess
 import sys
@@ -18,7 +18,6 @@ FLOORS = {
     2: ("repro.data", "repro.training", "repro.tasks", "repro.cli"),
     3: ("repro.reproduction", "repro.report", "repro.reproduce_gpu"),
 }
-MAX_LINES = 400
 
 
 def floor_of(module: str) -> int | None:
@@ -104,10 +103,96 @@ def test_the_library_imports_without_hydra_omegaconf_or_wandb():
     assert res.returncode == 0 and res.stdout.startswith("ok"), res.stdout[-2000:] + res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
-def test_no_module_is_longer_than_about_400_lines(path):
-    n = len(path.read_text().splitlines())
-    assert n <= MAX_LINES, f"{path.relative_to(REPO)} has {n} lines: split it by concept"
+def module_edges(path: Path, me: str | None = None) -> tuple[set, list]:
+    """(the repro modules `path` imports, at any depth, each by what it names: `from a.b import c`
+    is a.b.c where that is a module, else a.b, a package's __init__; the private names it takes
+    from other modules: `from m import _x` and `m._x` on an imported module)."""
+    tree, edges, private, bound = ast.parse(path.read_text()), set(), [], {}
+
+    def is_module(name):
+        f = PACKAGE.parent / name.replace(".", "/")
+        return f.with_suffix(".py").exists() or (f / "__init__.py").exists()
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "repro":
+                    edges.add(a.name)
+                    bound[a.asname or a.name] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "repro":
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                if is_module(sub):
+                    edges.add(sub)
+                    bound[a.asname or a.name] = sub
+                else:
+                    edges.add(node.module)
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        private.append(f"from {node.module} import {a.name}")
+    me = me or module_name(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                and node.attr.startswith("_") and not node.attr.startswith("__") and bound[node.value.id] != me:
+            private.append(f"{bound[node.value.id]}.{node.attr}")
+    return edges - {me}, private
+
+
+def circles(graph: dict) -> list[list]:
+    """The strongly connected groups of two modules or more (each module reaches every other one
+    of its group, so each is imported back by one it imports), by Tarjan's algorithm."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    """Modules sized by cohesion, not by a line count: a module split in two that reaches back
+    into its other half (directly, or through others) is one module, or needs a third below both."""
+    graph = {module_name(p): module_edges(p)[0] for p in PACKAGE.rglob("*.py")}
+    assert not circles(graph), circles(graph)
+
+
+def test_no_private_name_crosses_a_module():
+    """What another module needs of a module is its public surface (no leading underscore)."""
+    taken = {str(p.relative_to(REPO)): module_edges(p)[1] for p in PACKAGE.rglob("*.py")}
+    assert not {k: v for k, v in taken.items() if v}, {k: v for k, v in taken.items() if v}
+
+
+def test_the_circle_and_private_checks_can_fail(tmp_path):
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    bad = tmp_path / "probe.py"
+    bad.write_text("from repro.kernels.threads import _x\nfrom repro.kernels import chunked\n"
+                   "def f():\n    return chunked._y\n")
+    edges, private = module_edges(bad, me="probe")
+    assert "repro.kernels.chunked" in edges and "repro.kernels.threads" in edges
+    assert private == ["from repro.kernels.threads import _x", "repro.kernels.chunked._y"]
 
 
 def test_the_package_builds_with_its_cuda_sources(tmp_path):

@@ -39,7 +39,7 @@ from repro.kernels.reference import (
     delta_rule_loop,
     gated_causal_dot_product_loop,
 )
-from repro.kernels.threads import _may_use_threads
+from repro.kernels.threads import may_use_threads
 
 __all__ = ["BACKENDS", "causal_dot_product", "causal_dot_product_backward", "select_backend",
            "causal_dot_product_chunked", "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size",
@@ -90,7 +90,7 @@ def delta_rule_dot_product(q, k, v, beta, chunk_size=None):
     return delta_rule_dot_product_chunked(q, k, v, beta, chunk_size)
 
 
-def _cupy_unavailable(check, *tensors):
+def cupy_unavailable(check, *tensors):
     """None when the CuPy backend's op takes these tensors, else the reason it cannot (`check`:
     the name of the backend's `..._unsupported_reason` function for that op). CPU tensors never
     import the backend."""
@@ -114,14 +114,14 @@ def select_backend(q, k, v):
                                      f"CPU tensors (unset REPRO_KERNEL, or set it to cupy or torch)")
         cpu_native.wanted()  # raises, naming why, when it cannot be built
         return "cpu", "forced by REPRO_KERNEL=cpu"
-    reason = _cupy_unavailable("unsupported_reason", q, k, v)
+    reason = cupy_unavailable("unsupported_reason", q, k, v)
     if forced == "cupy":
         if reason:
             raise BackendUnavailable(f"REPRO_KERNEL=cupy, but {reason}")
         return "cupy", "forced by REPRO_KERNEL=cupy"
     if reason is None:
         return "cupy", "CUDA tensors and the CuPy kernels can take them"
-    if q.device.type == "cpu" and q.dtype != torch.float64 and _may_use_threads():  # not while tracing
+    if q.device.type == "cpu" and q.dtype != torch.float64 and may_use_threads():  # not while tracing
         if cpu_native.native(q.device, torch.float32):
             return "cpu", "CPU tensors: the fused CPU kernel (sums in fp32)"
         if why := cpu_native.unavailable():
@@ -133,7 +133,7 @@ def cupy_for(reason, *tensors):
     """The CuPy backend module when its op takes these tensors (`reason`: the name of the
     backend's `..._unsupported_reason` check for that op: the fused attention, the recurrent
     step), else None: the attention layers ask here, as causal_dot_product does."""
-    if forced_backend() in ("torch", "cpu") or _cupy_unavailable(reason, *tensors) is not None:
+    if forced_backend() in ("torch", "cpu") or cupy_unavailable(reason, *tensors) is not None:
         return None
     from repro.kernels import cupy_backend
     return cupy_backend
@@ -162,6 +162,6 @@ def causal_dot_product_backward(q, k, v, g, need=(True, True, True)):
     _check_inputs(q, k, v)
     if select_backend(q, k, v)[0] == "cupy":
         from repro.kernels import cupy_backend
-        grads = cupy_backend._cdp_backward(q, k, v, g)  # the op its forward registers as backward
+        grads = cupy_backend.cdp_backward(q, k, v, g)  # the op its forward registers as backward
         return tuple(gr if r else None for gr, r in zip(grads, need))
     return causal_dot_product_chunked_backward(q, k, v, g, need)

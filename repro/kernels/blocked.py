@@ -22,14 +22,14 @@ import torch
 
 from repro.kernels import causal_dot_product, causal_dot_product_backward, cpu_native
 from repro.kernels.chunked import (
-    _backward,
-    _forward,
-    _rows,
-    _scan,
-    _split,
+    as_rows,
+    chunks_backward,
+    chunks_forward,
     default_chunk_size,
+    scan_chunks,
+    split_chunks,
 )
-from repro.kernels.threads import _may_use_threads, _run_groups
+from repro.kernels.threads import may_use_threads, run_groups
 
 # Workspace of one group or block of the backward, per thread: about 4 F + 4 (M + 1) + 2 C fp32
 # values per (row, token) (phi(Q), phi(K), [v, 1], [g inv | .], their gradients, the chunk states, a
@@ -54,7 +54,7 @@ MIN_WORKSPACE = 64 << 10
 SCAN_CHUNKS = 64
 
 
-def _heads_last(shape, dtype, device):
+def heads_last(shape, dtype, device):
     """An empty (B, H, N, X) tensor laid out as (B, N, H, X): flattening its transpose to the
     (B, N, H X) the output projection reads is then a view, not a copy; the projections'
     backward reads a gradient in that layout without a copy too."""
@@ -99,7 +99,7 @@ def _plan(q, v, c, workspace=None):
         return [(slice(None), slice(None))], n
     per_token = 4 * (4 * f + 4 * (v.shape[-1] + 1) + 2 * c)  # bytes of workspace per (row, token)
     tokens = max(c, (workspace or default_workspace(q)) // per_token // c * c)
-    threads = torch.get_num_threads() if _may_use_threads() else 1
+    threads = torch.get_num_threads() if may_use_threads() else 1
     per = max(1, min(tokens // n, -(-b * h // threads)))  # rows per group
     while per < h and h % per:
         per -= 1  # equal groups of heads
@@ -116,7 +116,7 @@ def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc, workspace=No
     contiguous (B, N, H, M) tensor; inv (B, H, N, 1) in acc). No graph is recorded."""
     cpu = q.device.type == "cpu"
     c, native = _chunk(q, v), causal and cpu_native.native(q.device, acc)
-    y = _heads_last(v.shape, v.dtype, v.device)
+    y = heads_last(v.shape, v.dtype, v.device)
     inv = torch.empty(*v.shape[:-1], 1, dtype=acc, device=v.device)
     if q.shape[-2] == 0:  # no tokens, nothing to attend to
         return y, inv
@@ -130,14 +130,14 @@ def normalised_forward(q, k, v, phi, eps: float, causal: bool, acc, workspace=No
         elif cpu:  # the fused kernel, else the chunked path's pieces with the one-matmul scan (SCAN_CHUNKS)
             out = _fused_forward(phi_q, phi_k, v1) if native else None
             if out is None:
-                out = _forward(phi_q, phi_k, v1, c, matmul_chunks=SCAN_CHUNKS)[0]
+                out = chunks_forward(phi_q, phi_k, v1, c, matmul_chunks=SCAN_CHUNKS)[0]
         else:
             out = causal_dot_product(phi_q, phi_k, v1)
         del phi_q, phi_k, v1
         torch.reciprocal(out[..., -1:].add_(eps), out=inv[idx])
         torch.mul(out[..., :-1], inv[idx], out=y[idx])  # rounded to v's dtype only here
 
-    _run_groups(group, _plan(q, v, c, workspace)[0])
+    run_groups(group, _plan(q, v, c, workspace)[0])
     return y, inv
 
 
@@ -146,7 +146,7 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
     and inv: each in its input's dtype, laid out as the projections' (B, N, H, X) outputs (None
     where `need` says so)."""
     c = _chunk(q, v)
-    grads = [_heads_last(x.shape, x.dtype, x.device) if r else None for x, r in zip((q, k, v), need)]
+    grads = [heads_last(x.shape, x.dtype, x.device) if r else None for x, r in zip((q, k, v), need)]
     if q.shape[-2] == 0:
         return tuple(grads)
     groups, block = _plan(q, v, c, workspace)
@@ -184,7 +184,7 @@ def normalised_backward(q, k, v, y, inv, g, phi, phi_grad, causal: bool, need=(T
             if not (native and _fused_in_blocks(rows, q.shape[-2], block, prep, finish, need)):
                 _in_blocks(rows, q.shape[-2], block, c, prep, finish, causal, need)
 
-    _run_groups(group, groups)
+    run_groups(group, groups)
     return tuple(grads)
 
 
@@ -192,8 +192,8 @@ def _fused_forward(phi_q, phi_k, v1):
     """[num | den] by the fused CPU kernel on one group's (b, h, N, F|M + 1) tensors, or None when
     phi(K) or [v, 1] holds an inf or NaN (the chunked pieces' exact path then)."""
     out = v1.new_empty(v1.shape)
-    rows = (_rows(x).contiguous() for x in (phi_q, phi_k, v1))  # no copies: phi and _with_ones write contiguous
-    return out if cpu_native.forward(*rows, _rows(out)) else None
+    rows = (as_rows(x).contiguous() for x in (phi_q, phi_k, v1))  # no copies: phi and _with_ones write contiguous
+    return out if cpu_native.forward(*rows, as_rows(out)) else None
 
 
 def _fused_grads(idx, phi_q, phi_k, v1, g1, hq, hk, need, finish, s0=None, r0=None):
@@ -209,8 +209,8 @@ def _fused_grads(idx, phi_q, phi_k, v1, g1, hq, hk, need, finish, s0=None, r0=No
         grads = [x.new_empty(x.shape) if r else None for x, r in zip((phi_q, phi_k, v1), sub)]
         if not any(sub):
             return grads
-        ok = cpu_native.backward(*(_rows(x).contiguous() for x in (phi_q, phi_k, v1, g1)),
-                                 [None if x is None else _rows(x) for x in grads], s0=s0, r0=r0)
+        ok = cpu_native.backward(*(as_rows(x).contiguous() for x in (phi_q, phi_k, v1, g1)),
+                                 [None if x is None else as_rows(x) for x in grads], s0=s0, r0=r0)
         return grads if ok else None
 
     later = call((False, True, True))
@@ -262,10 +262,12 @@ def _chunked(phi_q, phi_k, v1, g1, c, need):
     nc = -(-phi_q.shape[-2] // c)
     s = kv_bad = rev = None
     if need[0]:
-        s, kv_bad = _scan(torch.bmm(_split(phi_k, c).mT, _split(v1, c)), nc, matmul_chunks=SCAN_CHUNKS)
+        kv = torch.bmm(split_chunks(phi_k, c).mT, split_chunks(v1, c))
+        s, kv_bad = scan_chunks(kv, nc, matmul_chunks=SCAN_CHUNKS)
     if need[1] or need[2]:
-        rev = _scan(torch.bmm(_split(phi_q, c).mT, _split(g1, c)), nc, reverse=True, matmul_chunks=SCAN_CHUNKS)
-    return _backward(phi_q, phi_k, v1, g1, c, need, states=s, kv_bad=bool(kv_bad), rev=rev)
+        qg = torch.bmm(split_chunks(phi_q, c).mT, split_chunks(g1, c))
+        rev = scan_chunks(qg, nc, reverse=True, matmul_chunks=SCAN_CHUNKS)
+    return chunks_backward(phi_q, phi_k, v1, g1, c, need, states=s, kv_bad=bool(kv_bad), rev=rev)
 
 
 def _global(phi_q, phi_k, v1, g1, need, sums=None):
@@ -290,8 +292,8 @@ def _in_blocks(rows, n, block, c, prep, finish, causal, need):
             if kv is None:
                 kv, qg = (phi_q.new_empty(-(-n // c), phi_q.shape[-1], v1.shape[-1]) for _ in range(2))
             span = slice(i * block // c, i * block // c + -(-phi_q.shape[-2] // c))
-            torch.bmm(_split(phi_k, c).mT, _split(v1, c), out=kv[span])
-            torch.bmm(_split(phi_q, c).mT, _split(g1, c), out=qg[span])
+            torch.bmm(split_chunks(phi_k, c).mT, split_chunks(v1, c), out=kv[span])
+            torch.bmm(split_chunks(phi_q, c).mT, split_chunks(g1, c), out=qg[span])
         elif kv is None:
             kv, qg = phi_k[0, 0].mT @ v1[0, 0], phi_q[0, 0].mT @ g1[0, 0]  # (F, M + 1)
         else:
@@ -301,14 +303,15 @@ def _in_blocks(rows, n, block, c, prep, finish, causal, need):
     if causal:
         # One row's scan: as one triangular matmul (nc^2 F (M + 1) multiply-adds, 1/C of the
         # chunk matmuls' work at nc = C) instead of nc small adds.
-        s, kv_bad = _scan(kv, kv.shape[0], matmul_chunks=SCAN_CHUNKS)
-        rev = _scan(qg, qg.shape[0], reverse=True, matmul_chunks=SCAN_CHUNKS)
+        s, kv_bad = scan_chunks(kv, kv.shape[0], matmul_chunks=SCAN_CHUNKS)
+        rev = scan_chunks(qg, qg.shape[0], reverse=True, matmul_chunks=SCAN_CHUNKS)
         del kv, qg
     for i, idx in enumerate(spans):
         phi_q, phi_k, v1, g1, hq, hk = prep(idx)
         if causal:
             span = slice(i * block // c, i * block // c + -(-phi_q.shape[-2] // c))
-            gr = _backward(phi_q, phi_k, v1, g1, c, need, states=s[span], kv_bad=kv_bad, rev=(rev[0][span], rev[1]))
+            gr = chunks_backward(phi_q, phi_k, v1, g1, c, need, states=s[span], kv_bad=kv_bad,
+                                 rev=(rev[0][span], rev[1]))
         else:
             gr = _global(phi_q, phi_k, v1, g1, need, (kv, qg))
         del v1, g1

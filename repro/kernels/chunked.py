@@ -20,7 +20,7 @@ same Function, so it is differentiable in turn (causal_product_grads).
 
 Masked entries multiply: a triangular (C, C) block times a chunk of the other operand gives
 0 * inf = NaN in rows that never see an inf or NaN further on. When an input is not finite (the
-state scans' totals say so, _scan), those products and the scans take an exact path that keeps
+state scans' totals say so, scan_chunks), those products and the scans take an exact path that keeps
 a non-finite value to the rows causality lets it reach (_masked_bmm).
 
 On CPU the sequences are taken in groups of ~GROUP_CHUNKS chunks (cache-sized), and with T > 1
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from repro.kernels import cpu_native
-from repro.kernels.threads import _may_use_threads, _run_groups
+from repro.kernels.threads import may_use_threads, run_groups
 
 # On CPU the chunk size comes from measurement (fp32, B = 1, H = 8, N = 4096, 1 thread, fwd + bwd,
 # medians of 15 interleaved rounds; `python -m repro.reproduction.cpu_speed --chunk-sweep --threads 1
@@ -59,7 +59,7 @@ def default_chunk_size(d: int, m: int, cpu: bool = False) -> int:
     return int(min(256, max(16, 2 ** round(math.log2(root)))))
 
 
-def _split(x, c):
+def split_chunks(x, c):
     """(..., N, X) -> (L, C, X) with L = (batch dims) * N / C chunks, zero-padding N up to a
     multiple of C. Zero keys and values add nothing to the sums, and padded queries are cut off
     later. Contiguous, so every batched matmul below takes BLAS's fast path."""
@@ -131,7 +131,7 @@ def _chunk_states(x, n_chunks, reverse=False, safe=False, matmul_chunks=MATMUL_S
     return out.flatten(0, 1)
 
 
-def _scan(x, n_chunks, reverse=False, matmul_chunks=MATMUL_SCAN_CHUNKS):
+def scan_chunks(x, n_chunks, reverse=False, matmul_chunks=MATMUL_SCAN_CHUNKS):
     """(_chunk_states of x, whether x holds an inf or NaN). The answer comes from the sequences'
     totals alone (the state after the last chunk, before the first when reverse, plus that
     chunk's own sum: 1/nc of x): a sum over a non-finite value is not finite, and an inf or NaN
@@ -160,23 +160,23 @@ def _masked_bmm(m, x, safe, upper=False, out=None):
     return torch.bmm(m, finite, out=out).add_(reach)
 
 
-def _forward(q, k, v, c, out=None, states=None, matmul_chunks=MATMUL_SCAN_CHUNKS):
+def chunks_forward(q, k, v, c, out=None, states=None, matmul_chunks=MATMUL_SCAN_CHUNKS):
     """(the causal product, whether k or v holds an inf or NaN); with states (L, D, M), the
     state before each chunk is kept there for the backward (grad q needs it: the size of q when
     C = M, and a matmul and a scan fewer in the backward). q reaches only its own rows."""
     n = q.shape[-2]
     nc = -(-n // c)
-    qc, kc, vc = _split(q, c), _split(k, c), _split(v, c)  # (L, C, D|M)
+    qc, kc, vc = split_chunks(q, c), split_chunks(k, c), split_chunks(v, c)  # (L, C, D|M)
     scores = torch.bmm(qc, kc.mT).tril_()  # (L, C, C): q_i . k_j for j <= i inside the chunk
     # (L, D, M): sum of k_j v_j^T over earlier chunks
-    s, bad = _scan(torch.bmm(kc.mT, vc), nc, matmul_chunks=matmul_chunks)
+    s, bad = scan_chunks(torch.bmm(kc.mT, vc), nc, matmul_chunks=matmul_chunks)
     if states is not None:
         states.copy_(s)
     res = _masked_bmm(scores, vc, bad, out=_into(out, c)).baddbmm_(qc, s)  # intra-chunk, then += q_i^T S in place
     return _place(res, v, n, out), bad
 
 
-def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None, kv_bad=False, rev=None):
+def chunks_backward(q, k, v, g, c, need, outs=(None, None, None), states=None, kv_bad=False, rev=None):
     """All three gradients from shared pieces (A = tril(g v^T) serves grad q and, transposed,
     grad k; one reverse state R = sum q_j g_j^T serves grad k (as R^T) and grad v); each
     gradient is one bmm plus one in-place baddbmm_, with no separate add pass. states: the
@@ -185,18 +185,18 @@ def _backward(q, k, v, g, c, need, outs=(None, None, None), states=None, kv_bad=
     holds an inf or NaN), given by a caller that takes a sequence in blocks (repro.kernels.blocked)."""
     n = q.shape[-2]
     nc = -(-n // c)
-    # _split makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
+    # split_chunks makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
     # on which batched matmuls leave BLAS for a slow generic loop.
-    qc, kc, vc, gc = _split(q, c), _split(k, c), _split(v, c), _split(g, c)  # (L, C, D|M)
+    qc, kc, vc, gc = split_chunks(q, c), split_chunks(k, c), split_chunks(v, c), split_chunks(g, c)  # (L, C, D|M)
     grad_q = grad_k = grad_v = None
     if need[0] or need[1]:
         a = torch.bmm(gc, vc.mT).tril_()  # (L, C, C): a[i, j] = g_i . v_j, j <= i
     if need[0]:  # grad q_i = sum_{j<=i} (g_i . v_j) k_j = intra a @ k + g_i^T S^T
         if states is None:
-            states, kv_bad = _scan(torch.bmm(kc.mT, vc), nc)  # (L, D, M) before each chunk
+            states, kv_bad = scan_chunks(torch.bmm(kc.mT, vc), nc)  # (L, D, M) before each chunk
         grad_q = _place(_masked_bmm(a, kc, kv_bad, out=_into(outs[0], c)).baddbmm_(gc, states.mT), q, n, outs[0])
     if need[1] or need[2]:
-        r, qg_bad = rev or _scan(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
+        r, qg_bad = rev or scan_chunks(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
     if need[1]:  # grad k_i = sum_{j>=i} (g_j . v_i) q_j = intra a^T @ q + v_i^T R^T
         grad_k = _place(_masked_bmm(a.mT, qc, qg_bad, True, out=_into(outs[1], c)).baddbmm_(vc, r.mT), k, n, outs[1])
     a = None  # (L, C, C) freed before p: the backward's workspace is a block's (repro.kernels.blocked)
@@ -217,7 +217,7 @@ GROUP_CHUNKS = 128
 
 def _row_groups(n_rows, n, c, device):
     """Slices of the rows (sequences) that are computed together."""
-    if device.type != "cpu" or not _may_use_threads():
+    if device.type != "cpu" or not may_use_threads():
         return [slice(0, n_rows)]  # GPUs want the whole batch in each launch
     per = max(1, min(GROUP_CHUNKS // max(1, -(-n // c)), -(-n_rows // torch.get_num_threads())))
     return [slice(i, i + per) for i in range(0, n_rows, per)]
@@ -228,12 +228,12 @@ def _any_non_finite(x) -> bool:
     exact path). Eager CPU tensors only: the answer is data, which tracing cannot branch on
     (graphs keep the fast path), and on a GPU reading it back is a host sync per call, which
     would drain the launch queue of every training step (the fast path runs there)."""
-    if x.device.type != "cpu" or not _may_use_threads():
+    if x.device.type != "cpu" or not may_use_threads():
         return False
     return not bool(torch.isfinite(x.sum()))
 
 
-def _rows(x):
+def as_rows(x):
     """(..., N, X) -> (rows, N, X); N = 0 too (reshape(-1, ...) cannot size -1 for no elements)."""
     return x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:])
 
@@ -244,16 +244,16 @@ def _grouped_forward(q, k, v, c, keep_states=False, native_c=None):
     keeps no states: its backward recomputes them)."""
     if q.shape[-2] == 0:  # no tokens: nothing to sum (the chunk views below need one)
         return v.new_zeros(v.shape), False, None
-    q3, k3, v3 = (_rows(x) for x in (q, k, v))  # (rows, N, D|M)
+    q3, k3, v3 = (as_rows(x) for x in (q, k, v))  # (rows, N, D|M)
     if native_c and (out := cpu_native.run_forward(q3, k3, v3, native_c)) is not None:
         return out.view(v.shape), False, None
     nc = -(-q.shape[-2] // c)
     states = q3.new_empty(q3.shape[0], nc, q.shape[-1], v.shape[-1]) if keep_states else None
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
     if len(groups) == 1:
-        return *_forward(q, k, v, c, states=None if states is None else states.flatten(0, 1)), states
+        return *chunks_forward(q, k, v, c, states=None if states is None else states.flatten(0, 1)), states
     out, bad = v3.new_empty(v3.shape), []
-    _run_groups(lambda s: bad.append(_forward(q3[s], k3[s], v3[s], c, out=out[s],
+    run_groups(lambda s: bad.append(chunks_forward(q3[s], k3[s], v3[s], c, out=out[s],
                                               states=None if states is None else states[s].flatten(0, 1))[1]), groups)
     return out.view(v.shape), any(bad), states
 
@@ -261,15 +261,18 @@ def _grouped_forward(q, k, v, c, keep_states=False, native_c=None):
 def _grouped_backward(q, k, v, g, c, need, states=None, kv_bad=False, native_c=None):
     if q.shape[-2] == 0:
         return tuple(x.new_zeros(x.shape) if r else None for x, r in zip((q, k, v), need))
-    q3, k3, v3, g3 = (_rows(x) for x in (q, k, v, g))  # (rows, N, D|M)
+    q3, k3, v3, g3 = (as_rows(x) for x in (q, k, v, g))  # (rows, N, D|M)
     if native_c and not kv_bad and (grads := cpu_native.run_backward(q3, k3, v3, g3, native_c, need)) is not None:
         return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
     groups = _row_groups(q3.shape[0], q.shape[-2], c, q.device)
     if len(groups) == 1:
-        return _backward(q, k, v, g, c, need, states=None if states is None else states.flatten(0, 1), kv_bad=kv_bad)
+        return chunks_backward(q, k, v, g, c, need, states=None if states is None else states.flatten(0, 1),
+                               kv_bad=kv_bad)
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((q3, k3, v3), need)]
-    _run_groups(lambda s: _backward(q3[s], k3[s], v3[s], g3[s], c, need, [None if x is None else x[s] for x in grads],
-                                    states=None if states is None else states[s].flatten(0, 1), kv_bad=kv_bad), groups)
+    run_groups(lambda s: chunks_backward(q3[s], k3[s], v3[s], g3[s], c, need,
+                                         [None if x is None else x[s] for x in grads],
+                                         states=None if states is None else states[s].flatten(0, 1), kv_bad=kv_bad),
+               groups)
     return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
 
 

@@ -17,9 +17,9 @@ import ctypes
 import torch
 
 from repro.kernels import cpu_native
-from repro.kernels.blocked import _heads_last
-from repro.kernels.cpu_native import CHUNK, View, _check, _groups
-from repro.kernels.threads import _run_groups
+from repro.kernels.blocked import heads_last
+from repro.kernels.cpu_native import CHUNK, View, check_rc, thread_groups
+from repro.kernels.threads import run_groups
 
 
 def applies(q, k, v, causal: bool, feature_map) -> bool:
@@ -53,14 +53,14 @@ def forward(q, k, v, key_padding_mask, eps: float, c: int = CHUNK):
     m = v.shape[-1]
     views = [_view(x, nm, s) for x, nm, s in ((q, "q", (b, h, n, d)), (k, "k", (b, h, n, d)), (v, "v", (b, h, n, m)))]
     mask, mask_sb, _keep = _mask(key_padding_mask, b, n)
-    y, inv = _heads_last((b, h, n, m), torch.float32, q.device), torch.empty(b, h, n, 1, dtype=torch.float32)
+    y, inv = heads_last((b, h, n, m), torch.float32, q.device), torch.empty(b, h, n, 1, dtype=torch.float32)
     if n == 0:
         return y, inv
     yv, lib, ok = _view(y, "y", (b, h, n, m)), cpu_native.library(), []
     refs = [ctypes.byref(x) for x in (*views, yv)]
-    _run_groups(lambda s: ok.append(_check(lib.linear_elu_forward(
+    run_groups(lambda s: ok.append(check_rc(lib.linear_elu_forward(
         s.start, min(s.stop, b * h), h, n, d, m, c, eps, *refs[:3], mask, mask_sb, refs[3], inv.data_ptr()))),
-        _groups(b * h))
+        thread_groups(b * h))
     return (y, inv) if all(ok) else None
 
 
@@ -76,12 +76,12 @@ def backward(q, k, v, key_padding_mask, y, inv, g, need=(True, True, True), c: i
         raise ValueError(f"linear_layer_cpu: inv must be a contiguous fp32 tensor of shape {(b, h, n, 1)}; got "
                          f"{inv.dtype} {tuple(inv.shape)}")
     mask, mask_sb, _keep = _mask(key_padding_mask, b, n)
-    grads = [_heads_last((b, h, n, x), torch.float32, q.device) if r else None for x, r in zip((d, d, m), need)]
+    grads = [heads_last((b, h, n, x), torch.float32, q.device) if r else None for x, r in zip((d, d, m), need)]
     if n == 0 or not any(need):
         return grads
     out = [None if t is None else ctypes.byref(_view(t, "grad", tuple(t.shape))) for t in grads]
     lib, ok, refs = cpu_native.library(), [], [ctypes.byref(x) for x in views]
-    _run_groups(lambda s: ok.append(_check(lib.linear_elu_backward(
+    run_groups(lambda s: ok.append(check_rc(lib.linear_elu_backward(
         s.start, min(s.stop, b * h), h, n, d, m, c, *refs[:3], mask, mask_sb, refs[3], inv.data_ptr(), refs[4], *out))),
-        _groups(b * h))
+        thread_groups(b * h))
     return grads if all(ok) else None

@@ -18,7 +18,7 @@ import torch
 
 from repro.kernels import cpu_build
 from repro.kernels.backend import BackendUnavailable, forced_backend
-from repro.kernels.threads import _may_use_threads, _run_groups
+from repro.kernels.threads import may_use_threads, run_groups
 
 # One shared library: the causal product (causal_dot_cpu.c), the linear layer's fused attention
 # (linear_layer_cpu.c, called by repro.kernels.cpu_layer) and the products both are made of.
@@ -95,7 +95,7 @@ def _require(shapes: dict):
                              f"got {t.dtype} {tuple(t.shape)} on {t.device}, contiguous={t.is_contiguous()}")
 
 
-def _check(rc):
+def check_rc(rc):
     if rc < 0:
         raise MemoryError("causal_dot_cpu: out of memory for the per-call workspace")
     return rc == 0
@@ -109,7 +109,7 @@ def forward(q, k, v, out, c=CHUNK, state=None) -> bool:
     m = v.shape[-1]
     _require({"q": (q, (rows, n, d)), "k": (k, (rows, n, d)), "v": (v, (rows, n, m)), "out": (out, (rows, n, m)),
               "state": (state, (rows, d, m))})
-    return _check(library().causal_dot_forward(rows, n, d, v.shape[-1], c, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
+    return check_rc(library().causal_dot_forward(rows, n, d, v.shape[-1], c, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
                                                _ptr(state)))
 
 
@@ -123,7 +123,7 @@ def backward(q, k, v, g, grads, c=CHUNK, s0=None, r0=None) -> bool:
     _require({"q": (q, (rows, n, d)), "k": (k, (rows, n, d)), "v": (v, (rows, n, m)), "g": (g, (rows, n, m)),
               "grad q": (grads[0], (rows, n, d)), "grad k": (grads[1], (rows, n, d)),
               "grad v": (grads[2], (rows, n, m)), "s0": (s0, (rows, d, m)), "r0": (r0, (rows, d, m))})
-    return _check(library().causal_dot_backward(rows, n, d, v.shape[-1], c, _ptr(q), _ptr(k), _ptr(v), _ptr(g),
+    return check_rc(library().causal_dot_backward(rows, n, d, v.shape[-1], c, _ptr(q), _ptr(k), _ptr(v), _ptr(g),
                                                 *(_ptr(x) for x in grads), _ptr(s0), _ptr(r0)))
 
 
@@ -131,14 +131,14 @@ def native(device, dtype) -> bool:
     """Whether the fused CPU kernel computes in this device and dtype:
     fp32 on the CPU, in plain eager mode (a trace or a dispatch mode cannot see into it), not turned
     off by REPRO_KERNEL=torch, and built on this machine."""
-    return (device.type == "cpu" and dtype == torch.float32 and _may_use_threads()
+    return (device.type == "cpu" and dtype == torch.float32 and may_use_threads()
             and wanted() and library() is not None)
 
 
-def _groups(rows):
+def thread_groups(rows):
     """One slice of rows per thread: the fused kernel has no per-call cost to amortise, and its
     workspace is a few (C, C) and (D, M) blocks whatever the group."""
-    threads = torch.get_num_threads() if _may_use_threads() else 1
+    threads = torch.get_num_threads() if may_use_threads() else 1
     per = -(-rows // max(1, threads))
     return [slice(i, i + per) for i in range(0, rows, per)]
 
@@ -149,8 +149,8 @@ def run_forward(q3, k3, v3, c, state=None):
     thread makes its own rows contiguous (a no-op when they are): a copy of the whole inputs
     before the pool would run on torch's OpenMP threads, still spinning when the pool starts."""
     out, ok = v3.new_empty(v3.shape), []
-    _run_groups(lambda s: ok.append(forward(*(x[s].contiguous() for x in (q3, k3, v3)), out[s], c,
-                                            None if state is None else state[s])), _groups(q3.shape[0]))
+    run_groups(lambda s: ok.append(forward(*(x[s].contiguous() for x in (q3, k3, v3)), out[s], c,
+                                            None if state is None else state[s])), thread_groups(q3.shape[0]))
     return out if all(ok) else None
 
 
@@ -160,7 +160,7 @@ def run_backward(q3, k3, v3, g3, c, need, s0=None, r0=None):
     stride-0 tensor (after out.sum().backward()): each thread copies its own rows (run_forward)."""
     grads = [x.new_empty(x.shape) if r else None for x, r in zip((q3, k3, v3), need)]
     ok = []
-    _run_groups(lambda s: ok.append(backward(
+    run_groups(lambda s: ok.append(backward(
         *(x[s].contiguous() for x in (q3, k3, v3, g3)), [None if x is None else x[s] for x in grads], c,
-        None if s0 is None else s0[s], None if r0 is None else r0[s])), _groups(q3.shape[0]))
+        None if s0 is None else s0[s], None if r0 is None else r0[s])), thread_groups(q3.shape[0]))
     return grads if all(ok) else None

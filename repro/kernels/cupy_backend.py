@@ -277,7 +277,7 @@ def _(q, k, v):
 
 
 @torch.library.custom_op("repro::causal_dot_product_backward", mutates_args=(), device_types="cuda")
-def _cdp_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def cdp_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     CALLS["causal_dot_product_backward"] += 1
     q3, k3, v3, g3 = _flat(q), _flat(k), _flat(v), _flat(g.to(q.dtype))
     grad_q, _ = launch(g3, v3, k3)  # sum_{j<=i} (g_i . v_j) k_j
@@ -286,7 +286,7 @@ def _cdp_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> tuple[Tensor, T
     return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape)
 
 
-@_cdp_backward.register_fake
+@cdp_backward.register_fake
 def _(q, k, v, g):
     return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v)
 
@@ -299,7 +299,7 @@ def _cdp_grad(ctx, g):
     if torch.is_grad_enabled():  # create_graph: the gradients by the differentiable forward op
         q, k, v = ctx.saved_tensors
         return causal_product_grads(_cdp, q, k, v, g.to(q.dtype), ctx.needs_input_grad)
-    return _cdp_backward(*ctx.saved_tensors, g)
+    return cdp_backward(*ctx.saved_tensors, g)
 
 
 _cdp.register_autograd(_cdp_grad, setup_context=_cdp_setup)
@@ -392,5 +392,38 @@ def causal_linear_attention(q, k, v, eps: float):
     return _cla(q, k, v, float(eps))[0]
 
 
-# The recurrent step's op lives beside, in repro.kernels.cupy_step; importing it registers it.
-from repro.kernels.cupy_step import linear_attention_step  # noqa: E402, F401
+# --------------------------------------------------------------------------- the recurrent step
+# One generation step of causal linear attention (recurrent_step.cu) for every sequence and head
+# of a layer in one launch.
+
+@torch.library.custom_op("repro::linear_attention_step", mutates_args=("S", "Z"), device_types="cuda")
+def _step(q: Tensor, k: Tensor, v: Tensor, S: Tensor, Z: Tensor, eps: float) -> Tensor:
+    import cupy
+
+    CALLS["linear_attention_step"] += 1
+    d, m = q.shape[-1], v.shape[-1]
+    bh = math.prod(q.shape[:-1])
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = _empty(v.shape, v.dtype, v.device)
+    if bh == 0 or m == 0:  # a zero grid is an invalid launch; Z still takes k
+        Z += k.float()
+        return out.zero_()
+    smem = 4 * (2 * d + STEP_THREADS)
+    with cupy.cuda.Device(q.device.index), _stream(q.device):
+        _kernel(f"linear_step<{KERNEL_DTYPES[q.dtype]}>", q.device.index, smem)(
+            (bh,), (STEP_THREADS,),
+            (*map(_ptr, (q, k, v, S, Z, out)), np.int32(d), np.int32(m), np.float32(eps)),
+            shared_mem=smem)
+    return out
+
+
+@_step.register_fake
+def _(q, k, v, S, Z, eps):
+    return v.new_empty(v.shape)  # contiguous whatever v's strides, as the op returns (_contiguous_like)
+
+
+def linear_attention_step(q, k, v, S, Z, eps: float):
+    """q, k (..., D), v (..., M); S (..., D, M), Z (..., D) contiguous fp32, updated in place:
+    S += k v^T, Z += k; returns (q^T S) / (q . Z + eps) (..., M) in v's dtype. One launch for
+    every (batch, head). Check step_unsupported_reason first."""
+    return _step(q, k, v, S, Z, float(eps))

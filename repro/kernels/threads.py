@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 
-def _may_use_threads() -> bool:
+def may_use_threads() -> bool:
     """Host threads only in plain eager mode: torch.compile's tracing, dispatch and function
     modes (FakeTensorMode, FlopCounterMode, make_fx) are per thread, so work done on other
     threads would escape them (wrong traces, uncounted FLOPs)."""
@@ -18,7 +18,7 @@ def _may_use_threads() -> bool:
 _POOLS = {}  # (pid, threads) -> executor; keyed by pid so a forked child never waits on its parent's threads
 
 
-def _run_groups(work, groups):
+def run_groups(work, groups):
     """work(rows) for every group. With T > 1 threads the groups go to T Python threads that run
     torch single-threaded, instead of every op of every group forking T OpenMP threads: one
     forward + backward is ~25 ops, each a parallel region whose barrier waits for any thread the
@@ -27,7 +27,7 @@ def _run_groups(work, groups):
     1.56-2.05x (B 1, H 8, N 1024, D = M = 64), 1.33-1.73x (N 4096), 2.21-2.35x (B 64, N 256, D 32,
     M 33) faster. torch's thread count is process state: it reads 1 while the groups run and is
     restored after (grad mode is per thread, so the workers disable it themselves)."""
-    if len(groups) == 1 or not _may_use_threads() or (threads := torch.get_num_threads()) == 1:
+    if len(groups) == 1 or not may_use_threads() or (threads := torch.get_num_threads()) == 1:
         for rows in groups:
             work(rows)
         return

@@ -128,7 +128,7 @@ def load(root, path=None) -> Manifest:
 
 def report_shapes() -> dict:
     """REPORT, and a list of folders for any other section a module of the report package declares."""
-    from repro.reproduction.report.build import section_modules
+    from repro.reproduction.report.sections import section_modules
 
     names = [name for m in section_modules() for _, name, _ in m.SECTIONS]
     return {**{name: FOLDERS for name in names}, **REPORT}

@@ -43,7 +43,7 @@ def _batch_and_loss(cfg):
         model = AutoregressiveTransformer(instantiate(cfg.attention), n_tokens=data.vocab_size,
                                           **OmegaConf.to_container(cfg.model, resolve=True))
         return model, next(data), copy_loss, t.max_len
-    cfg = image._attention_settings(cfg, attention_name(cfg))
+    cfg = image.with_attention_settings(cfg, attention_name(cfg))
     side = t.resize or 28
     batch = torch.randint(0, 256, (image.train_batch_size(cfg, attention_name(cfg)), 1, side, side),
                           dtype=torch.uint8)
@@ -56,7 +56,7 @@ def measure(preset: str, attention: str) -> dict:
     from hydra import compose, initialize_config_dir
 
     from repro.cli.config import CONF_DIR
-    from repro.tasks.benchmark_point import _prepare_rss_measure, _proc_status_kb
+    from repro.tasks.benchmark_point import prepare_rss_measure, proc_status_kb
     from repro.training.memory import peak_allocated_bytes, saved_bytes
     from repro.training.optim import build_optimizer
 
@@ -77,10 +77,10 @@ def measure(preset: str, attention: str) -> dict:
     loss.backward()
     optimizer.zero_grad(set_to_none=True)
     del loss
-    method = _prepare_rss_measure()
-    base = _proc_status_kb("VmRSS") * 1024
+    method = prepare_rss_measure()
+    base = proc_status_kb("VmRSS") * 1024
     step()
-    peak = _proc_status_kb("VmHWM") * 1024 - base
+    peak = proc_status_kb("VmHWM") * 1024 - base
     alloc, _ = peak_allocated_bytes(step)  # exact: the allocator's record (the C library's slack aside)
     return {"preset": preset, "task": cfg.task.name, "attention": attention, "n": n,
             "batch": int(batch["tokens"].shape[0] if isinstance(batch, dict) else batch.shape[0]),

@@ -1,4 +1,4 @@
-"""Where the CUDA causal product's time goes, for the work on its speed (the GPU issue's Part 3):
+"""Where the CUDA causal product's time goes, for the work on its speed:
 
     python -m repro.reproduction.profile_kernels --out-dir results/gpu/<device>/profile
 
@@ -177,7 +177,7 @@ def host_paths(cupy_backend, q, k, v, up) -> dict:
             cupy_backend.causal_dot_product(qd, kd, vd)
 
     return {"launch": lambda: cupy_backend.launch(q3, k3, v3), "op_fwd": op_fwd,
-            "op_bwd": lambda: cupy_backend._cdp_backward(qd, kd, vd, up),
+            "op_bwd": lambda: cupy_backend.cdp_backward(qd, kd, vd, up),
             "fwd": lambda: cupy_backend.causal_dot_product(q, k, v),  # the autograd graph built, unused
             "fwd_bwd": bench.one_call(cupy_backend.causal_dot_product, (q, k, v), up, True)}
 
@@ -216,7 +216,7 @@ def variants_part(args, base, out_dir, cupy_backend, device):
             (q, k, v), up = inputs(1, 64, n, 64, 64, torch.bfloat16, device, grad=True)
             q, k, v = (x.detach() for x in (q, k, v))
             calls = {"fwd": lambda x=(q[0], k[0], v[0]): cupy_backend.launch(*x, tensor_cores=True)[0],
-                     "bwd": lambda x=(q, k, v, up): cupy_backend._cdp_backward(*x)}
+                     "bwd": lambda x=(q, k, v, up): cupy_backend.cdp_backward(*x)}
             for rnd in range(3):
                 outs, at = {}, len(rows)
                 for on in VARIANTS:

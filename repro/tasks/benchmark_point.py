@@ -46,12 +46,12 @@ from repro.training.backends import layer_backend  # noqa: E402
 from repro.training.memory import out_of_memory, saved_bytes  # noqa: E402
 
 
-def _proc_status_kb(field: str) -> int:
+def proc_status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def _prepare_rss_measure() -> str:
+def prepare_rss_measure() -> str:
     """Make peak RSS track live memory from here on: glibc serves every block over 64 KiB with
     mmap (so a free returns it to the OS and a new tensor cannot hide in cached heap), the heap
     cache is trimmed, and the kernel's peak counter (VmHWM) is reset to the current RSS."""
@@ -88,7 +88,7 @@ def measure(spec: dict) -> dict:
         # far, so the warm-up passes' frees would put every later tensor in the heap, where freed
         # memory stays resident and the peak counts it again (linear at N = 4,096: 77.8 MB per
         # sample, against 57.8 MB held at most by torch's allocator).
-        _prepare_rss_measure()
+        prepare_rss_measure()
     torch.manual_seed(spec["seed"])
     layer = instantiate(OmegaConf.create(spec["attention"]))(d_model=spec["d_model"], n_heads=spec["n_heads"])
     layer = layer.to(device=device, dtype=dtype)
@@ -139,10 +139,10 @@ def measure(spec: dict) -> dict:
             base = torch.cuda.memory_allocated(device)
             one_pass()
             return torch.cuda.max_memory_allocated(device) - base, "torch.cuda.max_memory_allocated"
-        method = _prepare_rss_measure()
-        base = _proc_status_kb("VmRSS") * 1024
+        method = prepare_rss_measure()
+        base = proc_status_kb("VmRSS") * 1024
         one_pass()
-        return _proc_status_kb("VmHWM") * 1024 - base, method
+        return proc_status_kb("VmHWM") * 1024 - base, method
 
     peaks = []
     while not peaks or (len(peaks) < spec["repeats"] and time.perf_counter() - began + times[0] <= budget):

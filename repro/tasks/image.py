@@ -113,7 +113,7 @@ def train_batch_size(cfg, name) -> int:
     return int((cfg.task.get("batch_size_by_attention") or {}).get(name, cfg.task.batch_size))
 
 
-def _attention_settings(cfg, name):
+def with_attention_settings(cfg, name):
     """The task's per-attention settings (the paper's LSH chunk per image size), except those the
     user set: attention.chunk_size=... on the command line wins over task.attention_settings."""
     chosen = (cfg.task.get("attention_settings") or {}).get(name) or {}
@@ -147,7 +147,7 @@ def run(cfg) -> float:
     if t.mode == "sample":
         return sample_from_checkpoint(cfg)
     name = attention_name(cfg)
-    cfg = _attention_settings(cfg, name)
+    cfg = with_attention_settings(cfg, name)
     out = get_run_dir(cfg)
     seed_everything(cfg.seed)
     splits = _data(cfg)

@@ -116,7 +116,7 @@ def step_backend(layer, batch: int, dtype, device) -> dict:
     """The row fields for the recurrent step of `layer` (generation, repro.kernels.recurrent), one
     token of a batch."""
     from repro.attention.linear import LinearAttention
-    from repro.kernels import _cupy_unavailable
+    from repro.kernels import cupy_unavailable
     from repro.kernels.backend import forced_backend
     from repro.kernels.normalised import accumulation_dtype
 
@@ -130,7 +130,7 @@ def step_backend(layer, batch: int, dtype, device) -> dict:
     S, Z = torch.zeros(batch, h, d, m, dtype=acc, device=device), torch.zeros(batch, h, d, dtype=acc, device=device)
     if forced_backend() in ("torch", "cpu"):
         return _fields("torch", f"forced by REPRO_KERNEL={forced_backend()}", True)
-    why = _cupy_unavailable("step_unsupported_reason", q, q, v, S, Z)
+    why = cupy_unavailable("step_unsupported_reason", q, q, v, S, Z)
     return _fields("cupy", "the CUDA step kernel", False) if why is None else _fields("torch", why, True)
 
 

@@ -2,20 +2,18 @@
 names (repro.reproduction.manifest), written to results/REPORT.md, and the docs' report blocks
 (`<!-- report:NAME -->`) filled from the same."""
 import argparse
-import importlib
 import os
-import pkgutil
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.common.results import REPO, atomic_write
 from repro.reproduction import manifest as manifests
-from repro.reproduction import report as package
 from repro.reproduction.manifest import Manifest, ManifestError
 from repro.reproduction.report import images
 from repro.reproduction.report.format import code, command, hw_class
 from repro.reproduction.report.schema import SchemaError, named, read_checked
+from repro.reproduction.report.sections import section_modules
 
 
 @dataclass
@@ -44,14 +42,6 @@ class Context:
                 raise ManifestError(f"report.{section}" + (f".{part}" if part else "")
                                     + f": {at.relative_to(self.root)} holds no {name}")
         return list(found.items())
-
-
-def section_modules() -> list:
-    """Every module of this package that renders a part of the report (a SECTIONS list of
-    (order, name, render(ctx))): adding a table is adding such a module."""
-    found = [importlib.import_module(f"{package.__name__}.{m.name}") for m in pkgutil.iter_modules(package.__path__)
-             if not m.name.startswith("_")]  # not __main__
-    return [m for m in found if hasattr(m, "SECTIONS")]
 
 
 def others(ctx) -> str:

@@ -45,7 +45,7 @@ def asr_tables_of(csvs):
     return out
 
 
-def _seconds(r, col, steps) -> str | None:
+def seconds_per_epoch_text(r, col, steps) -> str | None:
     """Seconds per epoch, marked with the updates it comes from: the task times the median update
     and multiplies it by the updates of one epoch, so a short timing run is an extrapolation."""
     if col is None or col not in r:
@@ -85,8 +85,8 @@ def table_3(ctx) -> str:
                 1 if col.endswith("%") or float(r[col]) > 1 else 100)
             steps = r.get("steps")
             found[str(r[name_col]).lower().replace("-lstm", "lstm").replace("_", "")] = (
-                "timing run" if timing and not lost else per, _seconds(r, secs, steps),
-                _seconds(r, "cpu_s_per_epoch", steps))
+                "timing run" if timing and not lost else per, seconds_per_epoch_text(r, secs, steps),
+                seconds_per_epoch_text(r, "cpu_s_per_epoch", steps))
         rows = []
         for name, (p_per, p_s) in paper.ASR.items():
             ours = [o for o in paper.FIGURE1_OURS.get(name, [name]) if o in found] or [name]

@@ -4,7 +4,7 @@ import pandas as pd
 
 from repro.reproduction.report.format import hardware, md_table, run_rows
 from repro.reproduction.report.schema import Table
-from repro.reproduction.report.speech import _seconds, is_timing_run
+from repro.reproduction.report.speech import is_timing_run, seconds_per_epoch_text
 from repro.reproduction.report.successors.runs import checked, loaded_by, not_yet_run, source, status_of, with_mark
 
 ENCODERS = ("softmax", "linear", "retention", "gla", "delta")
@@ -30,8 +30,8 @@ def speech(ctx) -> str:
         r = found.iloc[-1]
         lost = status_of(r.status)
         per = lost or ("timing run" if timing else None if pd.isna(r["valid_per_%"]) else float(r["valid_per_%"]))
-        wall, cpu = (None, None) if lost else (_seconds(r, "s_per_epoch", r.steps),
-                                               _seconds(r, "cpu_s_per_epoch", r.steps))
+        wall, cpu = (None, None) if lost else (seconds_per_epoch_text(r, "s_per_epoch", r.steps),
+                                               seconds_per_epoch_text(r, "cpu_s_per_epoch", r.steps))
         table.append([name, per, with_mark(wall, loaded.get(name, False)) if wall else wall, cpu])
     first = next((r for r in runs if r.get("kind") == "summary"), {})
     setup = (f"{first.get('data', '?')}: {first.get('n_train', '?')} train / {first.get('n_valid', '?')} valid "
