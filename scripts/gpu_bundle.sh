@@ -10,7 +10,7 @@
 #   export PYTHONPATH=/tmp/site
 set -euo pipefail
 PY=${PY:-python3}
-# not $OUT: a lent GPU machine sets that to the folder it sends back, and this script empties its folder
+# not $OUT: with_gpu_bundle.sh packs results into $OUT (the folder a remote node returns), and this script empties its folder
 DEST=${GPU_BUNDLE_DIR:-gpu_bundle}
 LIMIT_MB=60
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -3,9 +3,9 @@
 #   REPRO_GIT_SHA=<commit> bash scripts/with_gpu_bundle.sh python3 -m repro.reproduce_gpu --steps 1 --budget-s 500
 # The bundle goes once into build/gpu_site (git-ignored; reinstalled when gpu_bundle/requirements.txt
 # changes) with --no-index --no-deps, then PYTHONPATH points there. gpu_bundle/ is git-ignored:
-# it reaches a lent machine only when the call carries it. Rows record REPRO_GIT_SHA as their
-# commit (repro.common.results.git_sha), before any .git there: one that travels may be older.
-# When $OUT is set (the folder a lent machine sends back: at most 8 files, 2 folders down), the
+# it reaches a remote node only when copied there beside the tree. Rows record REPRO_GIT_SHA as
+# their commit (repro.common.results.git_sha), before any .git there: one that travels may be older.
+# When $OUT is set (a folder a remote node returns, which may take only a few files), the
 # command's whole output goes to $OUT/command.log, and afterwards, whatever its exit status,
 # everything under results/gpu/ and outputs/gpu-smoke/results/ is packed into $OUT as one
 # archive (gpu_results.tar.gz, or its .partNN files past 15 MiB; no checkpoints). Unpack it

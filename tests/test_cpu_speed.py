@@ -1,5 +1,5 @@
 """python -m repro.reproduction.cpu_speed end to end on tiny sizes (no timing asserted): every
-measure of issue 18's table gets a row in the CSV and JSON, the peer's row says why it is
+measure of the CPU-speed targets' table gets a row in the CSV and JSON, the peer's row says why it is
 missing when fast-transformers is not importable, and bad input is one line."""
 import json
 import sys

@@ -24,6 +24,9 @@
    followed by × is a ratio of two values of one column.
 4. README's "What we found" table quotes the files results/claims.yaml lists under `readme`, in
    its order: the manifest says which run answers which claim, and the README cites no other.
+5. No page repeats a heading (its anchor would point at the first), generated blocks included;
+   and prose names no CPU model: the machine of a run is data, carried by the generated blocks,
+   the tables quoting its files and its folder's README, so prose cannot drift from it.
 """
 import ast
 import contextlib
@@ -434,6 +437,36 @@ def readme_problems(readme: Path, results: Path = REPO / "results") -> list[str]
     return out
 
 
+# ----------------------------------------------------------------------------- 5. headings, CPU names
+
+# The model names of the CPUs runs have seen or are likely to; a run's rows and README carry its machine.
+CPU_MODEL = re.compile(r"\b(Xeon|EPYC|Ryzen|Threadripper|Opteron|Core i\d|Graviton)\b")
+
+
+def repeated_headings(page: Path) -> list[str]:
+    """Headings (outside code, generated blocks included) whose anchor an earlier heading has."""
+    seen, out = set(), []
+    for head in re.findall(r"^#+\s+(.*)$", prose(page.read_text()), re.M):
+        anchor = re.sub(r"[^\w\- ]", "", head.strip().lower()).replace(" ", "-")
+        if anchor in seen:
+            out.append(head.strip())
+        seen.add(anchor)
+    return out
+
+
+def cpu_models_in_prose(page: Path) -> list[str]:
+    """'line N: <the line>' for each CPU model named outside the generated blocks and the tables
+    that quote results files (a `<!-- csv: ... -->` line above them)."""
+    text, out = page.read_text(), []
+    lines = text.split("\n")
+    data = [(text[:m.start()].count("\n"), text[:m.end()].count("\n")) for m in report.DOC_BLOCK.finditer(text)]
+    data += [(at, at + len(rows)) for at, rows in tables(text) if at and lines[at - 1].startswith("<!-- csv: ")]
+    for i, line in enumerate(lines):
+        if CPU_MODEL.search(line) and not any(a <= i <= b for a, b in data):
+            out.append(f"line {i + 1}: {line.strip()}")
+    return out
+
+
 # ----------------------------------------------------------------------------- the tests
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
@@ -476,6 +509,18 @@ def test_report_blocks_current():
 
 def test_what_we_found_quotes_the_files_the_manifest_lists():
     assert readme_problems(REPO / "README.md") == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_no_page_repeats_a_heading(page):
+    assert not repeated_headings(page), f"{page.name} repeats headings: {repeated_headings(page)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_prose_names_no_cpu_model(page):
+    """Say "the 2-core machine of that run" and point at its block or folder README instead."""
+    assert not cpu_models_in_prose(page), f"{page.name} names a CPU model in prose:\n" + "\n".join(
+        cpu_models_in_prose(page))
 
 
 def test_readme_is_a_front_door():
@@ -581,3 +626,16 @@ def test_a_stale_table_fails(tmp_path):
     page.write_text("<!-- report:tabel_5 -->\n<!-- /report:tabel_5 -->\n")  # a misspelt section: one line
     with pytest.raises(SystemExit, match="unknown report section tabel_5; valid: title, claims, figure1"):
         report.render_blocks(page, REPO / "results")
+
+
+def test_a_repeated_heading_and_a_cpu_model_in_prose_fail(tmp_path):
+    page = tmp_path / "page.md"
+    block = "<!-- report:memory -->\n## Memory\n\nHardware: AMD EPYC (2 cores)\n<!-- /report:memory -->\n"
+    table = "<!-- csv: r.csv -->\n| run | ms |\n|---|---|\n| Intel Xeon, 1 thread | 3 |\n"
+    page.write_text("# Page\n\n## Memory!\n\n    # Memory (a comment in code)\n\n" + block + "\n" + table)
+    assert repeated_headings(page) == ["Memory"] and cpu_models_in_prose(page) == []
+    page.write_text("# Page\n\n## Whole models\n\nOn this 2-core Intel Xeon VM:\n\n" + block
+                    + "\nOn a Ryzen, a Core i7 or an EPYC host.\n")
+    assert repeated_headings(page) == []
+    assert cpu_models_in_prose(page) == ["line 5: On this 2-core Intel Xeon VM:",
+                                         "line 13: On a Ryzen, a Core i7 or an EPYC host."]

@@ -1,7 +1,7 @@
 """The offline GPU bundle's definition (scripts/gpu_bundle.txt; `make gpu-bundle` builds it and
 scripts/check_gpu_bundle.sh installs and imports it, both need PyPI): every package the code
 imports is on the GPU image, in the bundle, or named as not needed for the GPU steps; pins agree
-with requirements.txt; and the tree leaves room for the bundle under the GPU tool's 64 MiB."""
+with requirements.txt; and the tree and the bundle fit one 64 MiB copy to a GPU node."""
 import ast
 import re
 import subprocess
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# What the GPU image brings (issue 17): module -> distribution
+# What the GPU image brings (the offline node's own packages): module -> distribution
 IMAGE = {"torch": "torch", "torchaudio": "torchaudio", "torchvision": "torchvision", "triton": "triton",
          "cupy": "cupy-cuda13x", "cupy_backends": "cupy-cuda13x", "numpy": "numpy", "pandas": "pandas",
          "matplotlib": "matplotlib", "tqdm": "tqdm", "psutil": "psutil", "pytest": "pytest", "scipy": "scipy",
@@ -55,7 +55,8 @@ def test_bundle_pins_agree_with_requirements():
 
 
 def test_tree_leaves_room_for_the_bundle():
-    """The GPU tool carries the working tree and gpu_bundle/ (<= 40 MB; it is about 19) in 64 MiB at most."""
+    """The working tree and gpu_bundle/ (<= 40 MB; it is about 19) fit in 64 MiB, a size a remote
+    node may cap its copy of the tree at (docs/gpu.md)."""
     try:
         files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
@@ -65,8 +66,8 @@ def test_tree_leaves_room_for_the_bundle():
 
 
 def test_bundle_script_leaves_the_returned_folder_alone():
-    """A lent GPU machine sends back $OUT; gpu_bundle.sh empties its destination folder, so it
-    must not take that folder from a variable named OUT."""
+    """A remote GPU node returns $OUT (with_gpu_bundle.sh packs into it); gpu_bundle.sh empties
+    its destination folder, so it must not take that folder from a variable named OUT."""
     code = [ln for ln in (REPO / "scripts" / "gpu_bundle.sh").read_text().splitlines()
             if not ln.lstrip().startswith("#")]
     assert not [ln for ln in code if re.search(r"\bOUT\b", ln)]

@@ -34,8 +34,8 @@ def documented_windows() -> list[list[str]]:
 
 
 def returned_files(out: Path) -> list[Path]:
-    """What a lent machine sends back from $OUT: every file, checked against its limits (at most
-    8 files of at most 16 MiB, no more than 2 folders down, plain names)."""
+    """What a remote node returns from $OUT: every file, checked against limits such a node may
+    set (at most 8 files of at most 16 MiB, no more than 2 folders down, plain names)."""
     files = [p for p in out.rglob("*") if p.is_file()]
     assert 0 < len(files) <= 8, files
     for f in files:
@@ -47,7 +47,7 @@ def returned_files(out: Path) -> list[Path]:
 
 
 def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
-    """docs/gpu.md's window commands, each as one lent-machine command (--smoke here, on the CPU,
+    """docs/gpu.md's window commands, each as one remote-node command (--smoke here, on the CPU,
     with $OUT set): each returns its results as at most 8 files, and what they carry, unpacked
     into a fresh folder, is every step's results, which the report reads."""
     smoke_dir = REPO / "outputs" / "gpu-smoke"
@@ -284,7 +284,7 @@ def test_sanitizer_ignores_start_up_api_errors():
         assert job.argv[i + 1] == "no", job.argv
 
 
-def test_every_step_fits_one_lent_machine_command():
+def test_every_step_fits_one_budgeted_command():
     """Each step's job caps add up to under the 500 s the documented commands give it."""
     ctx = Ctx(Path("o"), Path("r"), smoke=False, device="cuda")
     for number, spec in reproduce_gpu.STEP_DEFS.items():
@@ -293,7 +293,7 @@ def test_every_step_fits_one_lent_machine_command():
 
 
 def test_a_passed_commit_beats_the_trees_git(monkeypatch):
-    """On a lent machine the tree's .git may be older than the commit sent: REPRO_GIT_SHA, when
+    """On a remote node the tree's .git may be older than the commit sent: REPRO_GIT_SHA, when
     passed, is what rows record; without it the checkout's own commit."""
     from repro.common import results
 

@@ -234,8 +234,8 @@ def read_jsonl(path, strict: bool = False):
 
 @lru_cache(maxsize=None)
 def git_sha() -> str:
-    """$REPRO_GIT_SHA when the caller passes it (a copy of the tree on a lent GPU machine, whose
-    .git, when one travels, is not the commit that was sent: it recorded an older one there);
+    """$REPRO_GIT_SHA when the caller passes it (a copy of the tree on a remote GPU node, whose
+    .git, when one travels, may be an older commit than the tree that was sent);
     else the checkout's commit (+ '-dirty'); else 'unknown'."""
     passed = os.environ.get("REPRO_GIT_SHA", "").strip()
     if passed:

@@ -1,5 +1,6 @@
-"""CPU speed of the causal linear attention core (issue 18): every row of the issue's table
-from one run, each pair timed interleaved (A, B, A, B, ...; medians of --rounds rounds):
+"""CPU speed of the causal linear attention core: every row of the CPU-speed targets' table
+(each row's `target` and `met`) from one run, each pair timed interleaved (A, B, A, B, ...;
+medians of --rounds rounds):
 
     python -m repro.reproduction.cpu_speed                          # 2 threads, 9 rounds
     python -m repro.reproduction.cpu_speed --threads 1 --rounds 7
@@ -300,7 +301,7 @@ def _print(r):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m repro.reproduction.cpu_speed", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2, the issue's setting)")
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2, the targets' setting)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--kernel-lengths", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--pass-length", type=int, default=4096)

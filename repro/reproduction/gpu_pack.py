@@ -1,6 +1,6 @@
-"""Carrying a GPU machine's results back: a lent machine returns at most 8 files from one
-folder, so everything the reproduction wrote goes into one archive (in parts past 15 MiB), and
-comes out here into the checkout, only under the folders it may write."""
+"""Carrying a GPU node's results back: a remote or air-gapped node may return only a few files
+of limited size from one folder, so everything the reproduction wrote goes into one archive (in
+parts past PART_BYTES), and comes out here into the checkout, only under the folders it may write."""
 import io
 import tarfile
 from pathlib import Path
@@ -9,7 +9,7 @@ from repro.common.results import REPO
 
 PACKED = ("results/gpu", "outputs/gpu-smoke/results")  # what --pack takes, relative to the repository
 PACK_NAME = "gpu_results.tar.gz"
-PART_BYTES = 15 << 20  # a lent machine returns files of at most 16 MiB: a larger archive goes in parts
+PART_BYTES = 15 << 20  # each file under 16 MiB, a common cap on what a remote node returns: larger goes in parts
 
 
 def pack(dest, repo=REPO, part_bytes=PART_BYTES) -> list[Path]:

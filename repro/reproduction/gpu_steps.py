@@ -1,7 +1,7 @@
 """The seven GPU steps as jobs: what each step runs (the suite's own commands, with the
 paper's sizes, or tiny ones under --smoke), where it writes, and each job's wall-clock cap. Every
-step fits one command of a lent GPU machine (600 s): its jobs' caps add up to at most about
-480 s. repro.reproduction.reproduce_gpu runs them."""
+step fits one command of at most 600 s (a remote node's limit per command, say): its jobs' caps
+add up to at most about 480 s. repro.reproduction.reproduce_gpu runs them."""
 import os
 import re
 import shutil

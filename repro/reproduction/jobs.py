@@ -24,8 +24,8 @@ class Job:
     skip: str | None = None  # why this job does not run here
     fresh: Path | None = None  # a folder removed before the job starts (a training run redone from scratch)
     # a training run's results.jsonl: once the job ends ok it is kept in the step's results as
-    # runs/<name>.jsonl, which travel back from a lent machine (the run folder does not), so the
-    # step's aggregate over its runs can be made in a later window
+    # runs/<name>.jsonl, which travel back from a remote GPU node in the packed results (the run
+    # folder does not), so the step's aggregate over its runs can be made in a later window
     rows: Path | None = None
 
 

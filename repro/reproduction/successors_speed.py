@@ -1,4 +1,4 @@
-"""The successors' ops against the causal product on a CPU (issue 29's speed targets): forward +
+"""The successors' ops against the causal product on a CPU (their speed targets): forward +
 backward at B = 1, H = 8, D = M = 64, N = --pass-length, fp32, timed interleaved with
 causal_dot_product by repro.reproduction.cpu_speed (its `successors` rows):
   retention  gated_causal_dot_product, RetNet's fixed decay per head (no gradient: fixed), <= 2x

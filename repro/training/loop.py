@@ -26,16 +26,15 @@ stopped (tests/test_training.py checks the next losses are equal). Rows are appe
 results.jsonl one line at a time (repro.training.rows); the checkpoint records how many there
 were, and a resume starts its results.jsonl with those rows from the checkpoint's run dir, so
 the resumed run dir (a new one, or the same) holds the whole history and nothing after it.
-SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the current step; the
-checkpoint and the final row are written, one line names the checkpoint and the command that
-resumes it, and the process exits 130 (SIGINT) or 143 (SIGTERM) (repro.training.stopping).
+SIGINT/SIGTERM (Ctrl-C, a SLURM pre-emption) stop the loop at the end of the current step, after
+the checkpoint and the final row (repro.training.stopping; what the user sees, exit statuses
+included: docs/training.md, "Stopping and resuming").
 
 Every row carries elapsed_s: the wall-clock seconds of training so far (steps, evaluations, rows
 and checkpoints: everything from the start of the loop), continued across a resume (the
 checkpoint holds it). trainer.max_time_s ends the run as trainer.max_steps does, once elapsed_s
-passes it at the end of a step: a train row, an evaluation, the checkpoint, a final row with
-status "stopped: time limit", one line saying how to train on, and fit() returns (exit status 0:
-a planned end). Resuming with a larger trainer.max_time_s trains on.
+passes it at the end of a step, and fit() returns: a planned end (docs/training.md, "A time
+limit").
 
 DDP (repro.training.distributed): under torchrun, or SLURM with several tasks, fit() joins the
 process group, wraps the model in DistributedDataParallel and gives each rank its slice of the

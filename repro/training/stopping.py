@@ -1,14 +1,8 @@
 """Stopping a training run: from outside, SIGINT (Ctrl-C) and SIGTERM (kill, a SLURM pre-emption);
-from inside, the time limit trainer.max_time_s.
-
-On a signal, fit() finishes the current step, writes the checkpoint and the final row, then
-prints one line saying where the checkpoint is and the command that resumes it, and exits with
-the shell's status for that signal (130 for SIGINT, 143 for SIGTERM), without a traceback. A
-process started with SIGINT ignored (a background job of a script) is stopped by it all the
-same, since someone sent it on purpose, and exits 130 too. At the time limit (a planned end,
-exit status 0) the line says how to train on: the same command, resuming, with a larger limit.
-A run whose loss turns non-finite ends too (status `error: non-finite loss ...`): its task writes
-its summaries, then run.py fails the job with one line (DIVERGED, repro.cli.jobs.fail_if_diverged).
+from inside, the time limit trainer.max_time_s and a non-finite loss (DIVERGED, which
+repro.cli.jobs.fail_if_diverged turns into the job's failure). The lines printed and the exit
+statuses are described once, in docs/training.md ("A time limit", "Stopping and resuming"). A
+SIGINT stops even a process started with SIGINT ignored: someone sent it on purpose.
 """
 import shlex
 import signal
