@@ -393,7 +393,7 @@ class Trainer:
         last = self.run_dir / LAST if t.checkpoint else None
         if self.status == TIME_LIMIT and self.main:
             print(time_limit_line(t.max_time_s, step, final["elapsed_s"], self.run_dir, last, self.world), flush=True)
-        # checkpoint and rows are written: one line, then exit 130/143 (a multirun stops too). Every
+        # checkpoint and rows are written: one line, then the exit of docs/training.md (a multirun stops too). Every
         # rank asks (a collective), in case a signal reached one rank after the last step.
         signals = [s for s in ddp.all_gather_object(self.stop[0] if self.stop else None) if s is not None]
         if signals:
