@@ -307,3 +307,18 @@ def test_a_passed_commit_beats_the_trees_git(monkeypatch):
         assert results.git_sha() == "0123abcd4567"
     finally:
         results.git_sha.cache_clear()
+
+
+def test_force_lets_a_step_replace_its_published_rows(tmp_path):
+    """--force redoes a step whose folder already holds results (which the publish guard would
+    keep): its jobs and its aggregate carry task.publish_replace, a plain rerun does not."""
+    from repro.reproduction import gpu_steps
+
+    plain, forced = (Ctx(tmp_path, tmp_path / "runs", smoke=True, device="cpu", force=f) for f in (False, True))
+    assert not any("publish_replace" in a for a in gpu_steps._run(plain, "copy", {"task": "copy"}, {}))
+    assert "task.publish_replace=true" in gpu_steps._run(forced, "copy", {"task": "copy"}, {})
+    assert not any("publish_replace" in a for a in gpu_steps._run(forced, "copy", {}, {}, publish=False))
+    (tmp_path / "copy" / "runs").mkdir(parents=True)
+    (tmp_path / "copy" / "runs" / "linear.jsonl").write_text('{"attention": "linear"}\n')
+    assert [r.get("publish_replace") for r in gpu_steps.kept_rows(forced, "copy", ["linear"])] == [True]
+    assert [r.get("publish_replace") for r in gpu_steps.kept_rows(plain, "copy", ["linear"])] == [None]

@@ -50,7 +50,9 @@ def _run(ctx, step, overrides: dict, smoke: dict, multirun=False, run_dir=None, 
     ones under --smoke (a None value drops a key), plus what every job carries: the device, its
     publish folder (unless publish is False) and where Hydra writes."""
     chosen = {**overrides, **(smoke if ctx.smoke else {})}
-    chosen.update({"device": ctx.device, "task.publish": ctx.out / step if publish else None})
+    chosen.update({"device": ctx.device, "task.publish": ctx.out / step if publish else None,
+                   # --force redoes a step: its new rows replace the folder's earlier ones
+                   "task.publish_replace": "true" if publish and ctx.force else None})
     if run_dir:
         chosen["hydra.run.dir"] = run_dir
     if sweep_dir:
@@ -141,7 +143,7 @@ def kept_rows(ctx, step, attentions) -> list[dict]:
     publish = os.path.relpath(folder, REPO) if REPO in folder.resolve().parents else str(folder)
     kept = [folder / "runs" / f"{att}.jsonl" for att in step_attentions(ctx, attentions)]
     rows = [r for path in kept if path.is_file() for r in read_jsonl(path, strict=True)]
-    return [{**r, "publish": publish} for r in rows]
+    return [{**r, "publish": publish, **({"publish_replace": True} if ctx.force else {})} for r in rows]
 
 
 def copy_jobs(ctx):
