@@ -221,6 +221,8 @@ def copy_sweep_claim(results: Path, folder: str | None, baseline: str | None) ->
             g = welch(by["linear"], ref)
             line += f", {g.diff:#.2g} above softmax's {ref.mean:#.2g} (95 % CI [{g.lo:#.2g}, {g.hi:#.2g}])"
             reached += [_cell_text(c)] if g.hi <= COPY_LOSS_TOL else []
+        elif ref is not None:  # too few seeds for an interval: the values alone
+            line += f", softmax {ref.text('{:#.2g}')}"
         shown = name[len(folder) + 1:] if name.startswith(f"{folder}/") else name  # a cell: its own name
         parts.append(f"{line} (`{shown}`)")
     if base is None or "linear" not in base[1]:
