@@ -107,3 +107,18 @@ def test_throughput_past_the_memory_limit_is_an_oom_row(compose_cfg, tmp_path, m
                                f"+run_dir={tmp_path / 'cap'}"))
     row, = read_jsonl(tmp_path / "cap" / "results.jsonl")
     assert row["status"] == "oom" and "allocate" in row["reason"], row
+
+
+def test_throughputs_estimate_takes_a_plain_attention_module():
+    """A user's nn.Module (no n_heads, d_keys, d_values: not an AttentionLayer) has no state to
+    estimate: the weights at least, where the estimate read its sizes and failed."""
+    from conformance_attentions import TorchMultihead
+
+    from repro.models.autoregressive import AutoregressiveTransformer
+    from repro.tasks import throughput
+
+    model = AutoregressiveTransformer(TorchMultihead, n_tokens=12, n_layers=2, d_model=32, n_heads=4, d_ff=64)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert throughput.needed_bytes(model, "recurrent", 3, 50) == weights
+    assert throughput.needed_bytes(model, "floor", 3, 50) == weights + 3 * (32 + 64) * 4
+    assert throughput.needed_bytes(model, "rerun", 3, 50) == weights + 3 * 50 * (8 + 2 * 64 * 4)

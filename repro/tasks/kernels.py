@@ -115,15 +115,15 @@ def run(cfg) -> float:
         torch.autograd.grad(IMPLEMENTATIONS[name](*tiny), tiny, torch.ones(1, 1, 4, t.m, device=device, dtype=dtype))
     for n in tqdm(lengths, desc="kernels", unit="N"):
         torch.manual_seed(cfg.seed)
-        inputs, q = needed_bytes("chunked", t.batch, t.heads, n, t.d, t.m, el)[0], None
+        q = k = v = g = made = None  # the last N's tensors freed before this N's are made
+        inputs = needed_bytes("chunked", t.batch, t.heads, n, t.d, t.m, el)[0]
         results = dict.fromkeys(names, over_limit(inputs, limit, f"the inputs at N={n}"))
         try:
             if results[names[0]] is None:
-                with memory_cap(limit, device):
-                    q, k = (torch.randn(t.batch, t.heads, n, t.d, device=device, dtype=dtype, requires_grad=True)
-                            for _ in "qk")
-                    v = torch.randn(t.batch, t.heads, n, t.m, device=device, dtype=dtype, requires_grad=True)
-                    g = torch.randn(t.batch, t.heads, n, t.m, device=device, dtype=dtype)
+                with memory_cap(limit, device):  # all four, or none (q set only once every one is made)
+                    made = [torch.randn(t.batch, t.heads, n, x, device=device, dtype=dtype, requires_grad=grad)
+                            for x, grad in ((t.d, True), (t.d, True), (t.m, True), (t.m, False))]
+                q, k, v, g = made
         except (RuntimeError, MemoryError) as err:
             if (reason := out_of_memory(err)) is None:
                 raise

@@ -178,11 +178,13 @@ def needed_bytes(model, mode, batch, length) -> float:
     el = next(model.parameters()).element_size()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     att, layers = model_attention(model), len(model.encoder.layers)
-    d_ff = model.encoder.layers[0].linear1.out_features
+    d_model, d_ff = model.encoder.layers[0].linear1.in_features, model.encoder.layers[0].linear1.out_features
     if mode == "floor":  # one input row per batch entry for each width of matrix
-        return weights + batch * (att.d_model + d_ff) * el
+        return weights + batch * (d_model + d_ff) * el
     if mode == "recurrent" and isinstance(att, SoftmaxAttention):  # the cache, preallocated or grown to length
         return weights + layers * 2 * batch * length * att.n_heads * att.d_values * el
+    if mode == "recurrent" and att is None:  # a user's module: its state unknown, the weights at least
+        return weights
     if mode == "recurrent":  # a state of (D, M) per head (linear, the successors), or a window (local): at least
         return weights + layers * batch * att.n_heads * att.d_keys * att.d_values * max(el, 4)
     return weights + batch * length * (8 + 2 * d_ff * el)  # the tokens, and one layer's widest activation twice
