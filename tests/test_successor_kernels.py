@@ -4,7 +4,8 @@ multiple of the chunk, D != M, gradcheck, decays that underflow over long sequen
 that decay past the midpoint split's range (the exact path), causality by perturbation, bf16
 against fp32, and the one-line errors. Their Function (repro.kernels.gated.RecomputedChunks) keeps
 its inputs alone for backward and recomputes the chunks a group at a time: groups of one chunk
-and of a few, the gradients of any subset of the inputs, second derivatives."""
+and of a few, the gradients of any subset of the inputs, second derivatives, one tensor passed
+as both q and k under create_graph."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -84,6 +85,33 @@ def test_second_derivatives(kind):
     itself, so the gradients are differentiable in turn."""
     xs = inputs(kind, b=1, h=1, n=7, d=2, m=3)
     assert torch.autograd.gradgradcheck(lambda *a: op(kind)(*a, chunk_size=3), xs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_q_passed_as_k_under_create_graph(kind):
+    """One tensor as both q and k, float64, N = 11, C = 4: the gradients of q, v and the decay or
+    beta taken with create_graph=True equal those taken without and the float64 recurrence's, and
+    so do the derivatives of a random sum of them. (Under create_graph each of q's two slots got
+    the sum of both: q's gradient off by up to 28 / 27 / 9.9 for per_step / per_dim / delta.)"""
+    q, _, v, extra = inputs(kind, b=1, h=2, n=11, d=3, m=4)
+    if kind == "delta":  # unit keys, as the layer feeds them
+        q = F.normalize(q.detach(), dim=-1).requires_grad_()
+    wrt, w = [q, v, extra], torch.randn(1, 2, 11, 4, dtype=torch.float64)
+
+    def grads(f, create):
+        return torch.autograd.grad((f(q, q, v, extra) * w).sum(), wrt, create_graph=create)
+
+    def second(first):
+        return torch.autograd.grad(sum((a * u).sum() for a, u in zip(first, weights)), wrt)
+
+    chunked = lambda *a: op(kind)(*a, chunk_size=4)  # noqa: E731
+    without, first, ref = grads(chunked, False), grads(chunked, True), grads(reference(kind), True)
+    weights = [torch.randn_like(t) for t in first]
+    for name, a, b, r in zip(("q", "v", "extra"), first, without, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=lambda s, name=name: f"grad {name}: {s}")
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-11, msg=lambda s, name=name: f"grad {name}: {s}")
+    for a, r in zip(second(first), second(ref)):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-11)
 
 
 def group_bytes_for(chunks, h=3, c=8, d=5, m=7):

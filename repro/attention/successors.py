@@ -131,11 +131,14 @@ class _RecomputedReadout(torch.autograd.Function):
         x, *params = ctx.saved_tensors[:1 + ctx.n_params]
         create = torch.is_grad_enabled()  # create_graph: x keeps its graph, and so do q, k, v and the gradients
         with torch.enable_grad(), torch.autocast(**ctx.autocast):
-            xd = x if create else x.detach().requires_grad_(need[0])
+            # xd: x as the per-token inputs' input alone, a view under create_graph: q, k, v come
+            # from x itself, so x's gradient here is the per-token inputs' share only (q's, k's and
+            # v's reach x through the projections' own backward, once each)
+            xd = x.view_as(x) if create else x.detach().requires_grad_(need[0])
             with torch.set_grad_enabled(create):
-                qkv = [layer._heads(xd, proj, d) for proj, d in ((layer.q_proj, layer.d_keys),
-                                                                 (layer.k_proj, layer.d_keys),
-                                                                 (layer.v_proj, layer.d_values))]
+                qkv = [layer._heads(x, proj, d) for proj, d in ((layer.q_proj, layer.d_keys),
+                                                                (layer.k_proj, layer.d_keys),
+                                                                (layer.v_proj, layer.d_values))]
             if not create:
                 qkv = [t.detach().requires_grad_(r) for t, r in zip(qkv, need[1:4])]
             with autograd_through_chunks():  # this backward recomputes them already

@@ -100,10 +100,12 @@ class RecomputedChunks(torch.autograd.Function):
         (chunks, states, c), inputs, need = ctx.fns, ctx.saved_tensors, ctx.needs_input_grad[3:]
         if torch.is_grad_enabled():
             # create_graph: autograd through the whole forward on the saved inputs (which keep
-            # their graph now), so that the gradients are differentiable in turn
-            wrt = [t for t, r in zip(inputs, need) if r]
+            # their graph now), so that the gradients are differentiable in turn; through a view
+            # of each, so that one tensor passed as two inputs (q as k) gets each slot's share
             with torch.enable_grad():
-                grads = iter(torch.autograd.grad(_run(chunks, c, *inputs), wrt, g, create_graph=True))
+                ins = [t.view_as(t) for t in inputs]
+                wrt = [t for t, r in zip(ins, need) if r]
+                grads = iter(torch.autograd.grad(_run(chunks, c, *ins), wrt, g, create_graph=True))
             return (None, None, None, *(next(grads) if r else None for r in need))
         with torch.autocast(g.device.type, enabled=False):
             xc = _inputs_in_chunks(c, *inputs)  # (L, nc, C, X)
