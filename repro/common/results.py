@@ -162,24 +162,6 @@ def publishing_as(folder: str, replace: str):
         _OPTIONS.update(saved)
 
 
-def publish_replace_asked() -> bool:
-    """Whether this Hydra job's command line says task.publish_replace=true (typed, or one of a
-    sweep's overrides): provenance() then marks every row the job makes, which is how the
-    aggregate of a task that does not copy the setting into its rows (the training tasks), and a
-    sweep's, learn it."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        if not HydraConfig.initialized():
-            return False
-        overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
-    except Exception:  # noqa: BLE001 (no Hydra job, or overrides it cannot parse: nothing asked)
-        return False
-    return any(o.key_or_group == "task.publish_replace" and not o.is_sweep_override() and o.value() is True
-               for o in overrides)
-
-
 COMMAND_ENV = "REPRO_COMMAND"  # run.py puts its command line here; every row it makes carries it
 RECORDED_ENV = ("OMP_NUM_THREADS", "REPRO_KERNEL")  # settings from the environment that change results
 
@@ -275,8 +257,6 @@ def provenance(device: torch.device) -> dict:
            "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if os.environ.get(COMMAND_ENV):  # made by run.py (see run_command): the command that made the row
         out["command"] = os.environ[COMMAND_ENV]
-    if publish_replace_asked():  # the rows may replace their publish folder's (check_publish)
-        out["publish_replace"] = True
     return out
 
 

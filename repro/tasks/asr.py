@@ -185,7 +185,8 @@ def run(cfg) -> float:
                 "n_test": len(test) if test else 0, "mean_frames": statistics.mean(frames), "max_frames": max(frames),
                 "batch_size": t.batch_size, "steps_per_epoch": len(data), "max_steps": cfg.trainer.max_steps,
                 "optimizer": cfg.trainer.optimizer._target_, "lr": cfg.trainer.optimizer.lr,
-                **{f"model_{k}": v for k, v in enc.items()}, **lexicon, "label": t.label, "publish": t.publish}
+                **{f"model_{k}": v for k, v in enc.items()}, **lexicon, "label": t.label, "publish": t.publish,
+                "publish_replace": bool(t.get("publish_replace"))}
 
     def hook(model, step):
         return {"per": decode_set(model, valid_batches, device)["per"]}

@@ -28,7 +28,7 @@ def run(cfg) -> float:
     table = check(build, m.d_model, m.n_heads, batch=t.batch, length=t.length, seed=cfg.seed, device=device)
     meta = {"task": "conformance", "attention": name, "target": target, "seed": cfg.seed, "status": "ok",
             "d_model": m.d_model, "n_heads": m.n_heads, "batch": t.batch, "length": t.length,
-            "publish": t.get("publish"), **provenance(device)}
+            "publish": t.get("publish"), "publish_replace": bool(t.get("publish_replace")), **provenance(device)}
     rows = [{**meta, **row} for row in table]
     out = run_dir(cfg)
     write_jsonl(out / "results.jsonl", rows)

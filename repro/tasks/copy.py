@@ -63,7 +63,8 @@ def run(cfg) -> float:
                 "n_symbols": t.n_symbols, "score_separator": bool(t.score_separator), "batch_size": t.batch_size,
                 "n_layers": m.n_layers, "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff,
                 "dropout": m.dropout,
-                "max_steps": cfg.trainer.max_steps, "label": t.label, "publish": t.publish}
+                "max_steps": cfg.trainer.max_steps, "label": t.label, "publish": t.publish,
+                "publish_replace": bool(t.get("publish_replace"))}
     final = fit(model, copy_loss, data, cfg, run_dir=run_dir, eval_data=held_out, identity=identity)
     print(f"copy {name} N={t.max_len} seed={cfg.seed}: {final['status']}, step {final['steps']}, "
           f"eval loss {final.get('eval_loss', float('nan')):.4f}, eval accuracy "

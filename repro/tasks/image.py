@@ -103,7 +103,8 @@ def _identity(cfg, name, splits, shape):
             "data_source": splits.source, "n_train": len(splits.train), "n_test": len(splits.test),
             "batch_size": train_batch_size(cfg, name), "n_layers": t.get("n_layers") or m.n_layers,
             "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff, "dropout": m.dropout,
-            "max_steps": cfg.trainer.max_steps, "label": t.label, "publish": t.publish}
+            "max_steps": cfg.trainer.max_steps, "label": t.label, "publish": t.publish,
+                "publish_replace": bool(t.get("publish_replace"))}
 
 
 def train_batch_size(cfg, name) -> int:
