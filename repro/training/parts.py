@@ -34,6 +34,18 @@ def to_device(batch, device):
     return batch
 
 
+def tensors_of(batch):
+    """The tensors of a batch as to_device walks it (a tensor, or dicts, lists and tuples of them), in order."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from tensors_of(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from tensors_of(v)
+
+
 def validate(t):
     """Every trainer key fit() reads, checked: one line naming a bad value and what is valid."""
     for key in ("max_steps", "log_every"):

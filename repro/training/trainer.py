@@ -65,6 +65,7 @@ from repro.training.parts import (
     rows_last,
     run_hook,
     step_timing,
+    tensors_of,
     to_device,
     validate,
 )
@@ -218,9 +219,8 @@ class Trainer:
     def _record_backend(self, batch):
         """The kernel the model's attention runs on, in every row from the first step on
         (repro.training.backends), with one console note where it fell back to the PyTorch path."""
-        first = next((x for x in _tensors(batch) if x.dim() >= 2), None)
-        dtype = torch.bfloat16 if self.t.precision == "bfloat16" else (
-            torch.float16 if self.t.precision == "float16" else next(self.model.parameters()).dtype)
+        first = next((x for x in tensors_of(batch) if x.dim() >= 2), None)
+        dtype = self.dtype or next(self.model.parameters()).dtype  # the autocast dtype, else the weights
         fields = {} if first is None else model_backend(self.model, first.shape[0], first.shape[1], dtype, self.device,
                                                         causal=getattr(self.model, "causal", True))
         self.meta.update(fields or {"kernel_backend": None})
@@ -412,15 +412,3 @@ class Trainer:
             "loadavg_1min_start": self.load_start, "loadavg_1min_end": os.getloadavg()[0],
             "threads": torch.get_num_threads(), "world_size": self.world,
             **({"compile_backend": t.compile_backend} if t.compile else {})}
-
-
-def _tensors(batch):
-    """The tensors of a batch (a tensor, or tuples, lists and dicts of them), in order."""
-    if torch.is_tensor(batch):
-        yield batch
-    elif isinstance(batch, dict):
-        for v in batch.values():
-            yield from _tensors(v)
-    elif isinstance(batch, (tuple, list)):
-        for v in batch:
-            yield from _tensors(v)
