@@ -313,6 +313,7 @@ def test_the_sweep_row_says_which_change_brings_linear_to_softmax(tmp_path):
           n_heads=8, d_ff=1024)
     _cell(sweep / "long", {"linear": [0.06, 0.07, 0.05]}, max_steps=10000, steps=10000)
     _cell(sweep / "one", {"linear": [0.02, 0.03], "softmax": [0.003]}, d_model=128, d_ff=256)
+    _cell(sweep / "failed", {"linear": [0.5]}, status="error: non-finite loss")  # shown as such, not a crash
     (sweep / "README.md").write_text("# cells\n\n    python run.py -m experiment=copy_claims_n128_cpu\n")
     write_manifest(tmp_path, claims={**CLAIMS, "copy_sweep": "copy/sweep"})
     row = claims.claims(tmp_path)[3]
@@ -322,6 +323,7 @@ def test_the_sweep_row_says_which_change_brings_linear_to_softmax(tmp_path):
     assert f"0.55 above softmax's 0.00010 (95 % CI [{g.lo:#.2g}, {g.hi:#.2g}])" in row.here
     assert "d_model 256, 8 x 32" in row.here and "above softmax's 0.0035" in row.here  # its own softmax
     assert "linear 0.025 ± 0.0071 (2 seeds), softmax 0.0030 ± 0.0 (1 seeds) (`one`)" in row.here  # no interval
+    assert "no finished run in `copy/sweep/failed`" in row.here
     assert row.verdict.startswith(f"{MEASURED}: linear reaches softmax's loss (within 0.01) at d_model 256, 8 x 32")
     assert "width: d_model 128 (4 x 32) 0.025, d_model 256 (8 x 32) 0.0050" in row.verdict
     assert "per-head state: 2 x 32 0.55" in row.verdict

@@ -23,6 +23,7 @@ from repro.common.results import REPO
 from repro.reproduction import manifest as manifests
 from repro.reproduction.manifest import Manifest, ManifestError
 from repro.reproduction.report.figure2 import COPY_ROWS
+from repro.reproduction.report.marks import extrapolated
 from repro.reproduction.report.schema import Rows, Table, failed, read_json, read_rows, read_table
 from repro.reproduction.verdicts import (
     CONTRADICTED,
@@ -202,13 +203,16 @@ def copy_sweep_claim(results: Path, folder: str | None, baseline: str | None) ->
     paper_text = f"the paper's model: {paper.FIGURE2_SETUP}"
     if folder is None or not (results / folder).is_dir():
         return _missing(SWEEP_CLAIM, paper_text, folder)
-    runs = {}
+    runs, unfinished = {}, []
     base_path = results / str(baseline) / "copy_rows.jsonl"
     for path in [base_path] * base_path.exists() + sorted((results / folder).glob("*/copy_rows.jsonl")):
         rows = pd.DataFrame(read_rows(path, results, COPY_ROWS))
         final = rows[(rows.kind == "final") & (rows.status == "ok")]
-        by = {a: Seeds(tuple(float(v) for v in g.sort_values("seed").eval_loss)) for a, g in final.groupby("attention")}
-        runs[path.parent.relative_to(results).as_posix()] = (_cell(final), by)
+        name = path.parent.relative_to(results).as_posix()
+        if final.empty:  # every run of the cell failed or none finished: nothing to show but that
+            unfinished.append(f"no finished run in `{name}`")
+            continue
+        runs[name] = (_cell(final), _seeds(final, "eval_loss"))
     base = runs.get(str(baseline))
     softmax = {c["d_model"]: by["softmax"] for c, by in runs.values() if "softmax" in by}
     parts, reached = [], []
@@ -225,6 +229,7 @@ def copy_sweep_claim(results: Path, folder: str | None, baseline: str | None) ->
             line += f", softmax {ref.text('{:#.2g}')}"
         shown = name[len(folder) + 1:] if name.startswith(f"{folder}/") else name  # a cell: its own name
         parts.append(f"{line} (`{shown}`)")
+    parts += unfinished
     if base is None or "linear" not in base[1]:
         return Claim(SWEEP_CLAIM, paper_text, "; ".join(parts) + f"; the cells in (`{folder}`)",
                      f"{MEASURED}: no judged run to compare with")
@@ -405,7 +410,6 @@ def batch_claim(results: Path, folder: str | None) -> Claim:
 GPU_MNIST = Table("bpd_final.csv", {"attention": str, "status": str}, {"steps": float, "time_per_step_ms": float})
 GPU_GENERATION = Table("throughput.csv", {"size": str, "method": str, "batch": float, "seconds_per_image": float,
                                           "images_per_s": float, "extrapolated": str, "status": str})
-GPU_METHODS = {"linear": "linear", "stateful-softmax": "the key/value cache", "softmax": "re-running the prefix"}
 
 
 def gpu_claims(results: Path, folder: str | None, mnist: str | None, cpu_batch: str | None = None) -> list[Claim]:
@@ -428,10 +432,9 @@ def gpu_claims(results: Path, folder: str | None, mnist: str | None, cpu_batch: 
 
         def value(size, method, batch, col="seconds_per_image"):
             r = t.loc[(size, method, batch)]
-            star = "*" if str(r.extrapolated).lower() == "true" else ""
-            return r[col], f"{r[col]:.3g}{star}"
+            return r[col], f"{r[col]:.3g}{'*' if extrapolated(r) else ''}"
 
-        big = int(max(b for *_, b in t.index))
+        big = int(max((b for *_, b in t.index), default=1))
         sizes = [s for s in ("mnist", "cifar") if (s, "linear", 1) in t.index and (s, "stateful-softmax", 1) in t.index]
         shown1, slower = [], []
         for size in sizes:

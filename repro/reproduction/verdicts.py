@@ -137,15 +137,10 @@ class Falling:
 
 def seed_slope(steps, values) -> tuple[float, float]:
     """Least-squares slope of values against steps, and its standard error."""
-    x, y = [float(s) for s in steps], [float(v) for v in values]
-    n = len(x)
-    if n < 3:
-        raise ValueError(f"a slope with an error needs at least 3 evaluations; got {n}")
-    mx, my = sum(x) / n, sum(y) / n
-    sxx = sum((xi - mx) ** 2 for xi in x)
-    slope = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sxx
-    resid = sum((yi - my - slope * (xi - mx)) ** 2 for xi, yi in zip(x, y))
-    return slope, math.sqrt(resid / (n - 2) / sxx)
+    if len(steps) < 3:
+        raise ValueError(f"a slope with an error needs at least 3 evaluations; got {len(steps)}")
+    fit = stats.linregress([float(s) for s in steps], [float(v) for v in values])
+    return float(fit.slope), float(fit.stderr)
 
 
 def still_falling(curves: list, last: int = FALLING_EVALS, level: float = LEVEL, per: int = 1000) -> Falling:
