@@ -1,8 +1,10 @@
 """repro.training.memory.saved_bytes: what autograd keeps for backward, counted over distinct
 storages, against sums written out by hand."""
+import pytest
 import torch
 from torch import nn
 
+from repro.common.errors import ConfigError
 from repro.training.memory import layer_saved_mib, saved_bytes
 
 
@@ -122,3 +124,21 @@ def test_throughputs_estimate_takes_a_plain_attention_module():
     assert throughput.needed_bytes(model, "recurrent", 3, 50) == weights
     assert throughput.needed_bytes(model, "floor", 3, 50) == weights + 3 * (32 + 64) * 4
     assert throughput.needed_bytes(model, "rerun", 3, 50) == weights + 3 * 50 * (8 + 2 * 64 * 4)
+
+
+@pytest.mark.parametrize("task, key, value, expect", [
+    ("throughput", "sizes", "[]", "task.sizes is empty; give at least one, e.g. task.sizes=[mnist]"),
+    ("throughput", "batches", "[]", "task.batches is empty; give at least one, e.g. task.batches=[1,10]"),
+    ("throughput", "batches", "[0,4]", "task.batches: [0] not positive integers; e.g. task.batches=[1,10]"),
+    ("kernels", "lengths", "[]", "task.lengths is empty; give at least one, e.g. task.lengths=[1024,4096]"),
+    ("kernels", "lengths", "[64,-1]", "task.lengths: [-1] not positive integers; e.g. task.lengths=[1024,4096]"),
+    ("kernels", "implementations", "[]", "task.implementations is empty; name at least one of"),
+])
+def test_an_empty_or_bad_list_is_one_line(compose_cfg, tmp_path, task, key, value, expect):
+    """These were tracebacks: an empty list of what to measure, or a length that is no length."""
+    from repro.tasks import kernels, throughput
+
+    run = {"throughput": throughput.run, "kernels": kernels.run}[task]
+    with pytest.raises(ConfigError) as err:
+        run(compose_cfg(f"task={task}", f"task.{key}={value}", f"+run_dir={tmp_path}"))
+    assert str(err.value).startswith(expect) and "\n" not in str(err.value)

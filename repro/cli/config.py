@@ -80,3 +80,19 @@ def in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN"
+
+
+def nonempty(t, key: str, example: str) -> list:
+    """task.<key> as a list, refused in one line when missing or empty."""
+    value = t.get(key)
+    if value is None or len(value) == 0:
+        raise ConfigError(f"task.{key} is empty; give at least one, e.g. task.{key}={example}")
+    return list(value)
+
+
+def positive_ints(t, key: str, example: str) -> list[int]:
+    """task.<key>, a non-empty list of positive integers (lengths, batch sizes), else one line."""
+    value = nonempty(t, key, example)
+    if bad := [x for x in value if not isinstance(x, int) or isinstance(x, bool) or x < 1]:
+        raise ConfigError(f"task.{key}: {bad} not positive integers; e.g. task.{key}={example}")
+    return value

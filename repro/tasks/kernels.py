@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from repro.cli.config import ConfigError, in_multirun, parse_device, parse_dtype, run_dir
+from repro.cli.config import ConfigError, in_multirun, parse_device, parse_dtype, positive_ints, run_dir
 from repro.common.results import atomic_write, check_publish, output_dirs, provenance, rows_to_csv, write_jsonl
 from repro.kernels import (
     causal_dot_product,
@@ -55,15 +55,6 @@ def needed_bytes(name, b, h, n, d, m, el) -> tuple[float, float]:
     return inputs, inputs + beyond  # and the output and the three gradients, the inputs' size again
 
 
-def _positive_ints(t, key, example) -> list[int]:
-    value = t.get(key)
-    if value is None or len(value) == 0:
-        raise ConfigError(f"task.{key} is empty; give at least one, e.g. task.{key}={example}")
-    if bad := [x for x in value if not isinstance(x, int) or isinstance(x, bool) or x < 1]:
-        raise ConfigError(f"task.{key}: {bad} not positive integers; e.g. task.{key}={example}")
-    return list(value)
-
-
 def kernel_fields(name, q, k, v) -> dict:
     """Which kernel an implementation runs on: the dispatcher's choice; the chunked path's own (the
     fused C kernel on a CPU, as the dispatcher's, but never the CUDA kernels); the references are
@@ -99,7 +90,7 @@ def run(cfg) -> float:
     unknown = [i for i in names if i not in IMPLEMENTATIONS]
     if unknown:
         raise ConfigError(f"task.implementations: unknown {unknown}; valid: {', '.join(IMPLEMENTATIONS)}")
-    lengths = _positive_ints(t, "lengths", "[1024,4096]")
+    lengths = positive_ints(t, "lengths", "[1024,4096]")
     device, dtype = parse_device(cfg.device), parse_dtype(t.dtype)
     limit = memory_limit(t.get("memory_limit_gb"))
     publishing = {"task": "kernels", "publish": t.get("publish"), "publish_replace": bool(t.get("publish_replace"))}

@@ -42,8 +42,10 @@ from repro.cli.config import (
     building_from_config,
     compose_group,
     in_multirun,
+    nonempty,
     parse_device,
     parse_dtype,
+    positive_ints,
     run_dir,
 )
 from repro.common import paper
@@ -204,20 +206,11 @@ def kernel_fields(model, mode, backend, batch, length, dtype, device) -> dict:
     return layer_backend(att, batch, length, dtype, device, causal=True, grad=False)
 
 
-def _nonempty(t, key, example):
-    value = t.get(key)
-    if value is None or len(value) == 0:
-        raise ConfigError(f"task.{key} is empty; give at least one, e.g. task.{key}={example}")
-    return list(value)
-
-
 def run(cfg) -> float:
     t = cfg.task
     device, dtype = parse_device(cfg.device), parse_dtype(t.dtype)
-    sizes = _nonempty(t, "sizes", "[mnist]")
-    batches = _nonempty(t, "batches", "[1,10]")
-    if bad := [b for b in batches if not isinstance(b, int) or isinstance(b, bool) or b < 1]:
-        raise ConfigError(f"task.batches: {bad} not positive integers; give batch sizes, e.g. task.batches=[1,10]")
+    sizes = nonempty(t, "sizes", "[mnist]")
+    batches = positive_ints(t, "batches", "[1,10]")
     unknown = [s for s in sizes if s not in LAYERS]
     if unknown:
         raise ConfigError(f"task.sizes: unknown {unknown}; valid: {', '.join(LAYERS)}")
