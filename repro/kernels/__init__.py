@@ -41,7 +41,7 @@ from repro.kernels.reference import (
 )
 from repro.kernels.threads import may_use_threads
 
-__all__ = ["BACKENDS", "causal_dot_product", "causal_dot_product_backward", "select_backend",
+__all__ = ["BACKENDS", "causal_dot_product", "causal_dot_product_backward", "select_backend", "product_backend",
            "causal_dot_product_chunked", "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size",
            "gated_causal_dot_product", "delta_rule_dot_product", "gated_causal_dot_product_chunked",
            "delta_rule_dot_product_chunked", "gated_causal_dot_product_loop", "delta_rule_loop"]
@@ -139,13 +139,24 @@ def cupy_for(reason, *tensors):
     return cupy_backend
 
 
+# why product_backend keeps half-precision inputs asked for fp32 sums off the CuPy kernel (FASTER_DTYPES)
+WIDE_SUMS = "half-precision inputs with fp32 sums: the chunked path's fp32 matmuls beat the fp32 CUDA kernel"
+
+
+def product_backend(q, k, v, out_dtype=None):
+    """(backend name, why) causal_dot_product takes for these inputs and out_dtype: select_backend's
+    choice, but half-precision inputs asked for wider sums stay off the CuPy kernel unless forced."""
+    backend, why = select_backend(q, k, v)
+    if backend == "cupy" and out_dtype not in (None, q.dtype) and forced_backend() != "cupy":
+        return "torch", WIDE_SUMS
+    return backend, why
+
+
 def causal_dot_product(q, k, v, out_dtype=None):
     """out_dtype (torch.float32 for half-precision inputs): the sums unrounded, in that dtype."""
     _check_inputs(q, k, v)
-    backend, _ = select_backend(q, k, v)
+    backend, _ = product_backend(q, k, v, out_dtype)
     wide = out_dtype not in (None, q.dtype)  # the kernels return their inputs' dtype: fp32 inputs then
-    if backend == "cupy" and wide and forced_backend() != "cupy":
-        backend = "torch"  # the fp32 CuPy kernel is slower than the chunked path's fp32 matmuls (FASTER_DTYPES)
     if backend == "cupy":
         from repro.kernels import cupy_backend
         if wide:

@@ -29,15 +29,13 @@ def _stand_in(shape, dtype, device, grad):
 def _dispatcher(q, k, v, acc, wide=False) -> tuple[str, str, bool]:
     """What repro.kernels.causal_dot_product takes for these inputs (wide: asked for sums in acc,
     wider than the inputs), and whether that is the PyTorch path where a kernel exists."""
-    from repro.kernels import select_backend
-    from repro.kernels.backend import forced_backend
+    from repro.kernels import WIDE_SUMS, product_backend
 
     if q.device.type == "cpu" and acc == torch.float64:
         return "torch", "float64: the fused CPU kernel sums in fp32 only", False
-    name, why = select_backend(q, k, v)
-    if name == "cupy" and wide and forced_backend() != "cupy":  # the dispatcher's own rule (FASTER_DTYPES)
-        return "torch", ("half-precision inputs with fp32 sums: the chunked path's fp32 matmuls beat the fp32 CUDA "
-                         "kernel"), False
+    name, why = product_backend(q, k, v, out_dtype=acc if wide else None)
+    if why == WIDE_SUMS:  # the chunked path by choice: not a fallback
+        return name, why, False
     if name != "torch" and not why.startswith("forced"):
         why = "the fused C kernel of the causal product" if name == "cpu" else "the CUDA causal product"
     return name, why, name == "torch"
