@@ -26,8 +26,8 @@ from repro.kernels.chunked import (
     chunks_backward,
     chunks_forward,
     default_chunk_size,
+    flat_chunks,
     scan_chunks,
-    split_chunks,
 )
 from repro.kernels.threads import may_use_threads, run_groups
 
@@ -262,10 +262,10 @@ def _chunked(phi_q, phi_k, v1, g1, c, need):
     nc = -(-phi_q.shape[-2] // c)
     s = kv_bad = rev = None
     if need[0]:
-        kv = torch.bmm(split_chunks(phi_k, c).mT, split_chunks(v1, c))
+        kv = torch.bmm(flat_chunks(phi_k, c).mT, flat_chunks(v1, c))
         s, kv_bad = scan_chunks(kv, nc, matmul_chunks=SCAN_CHUNKS)
     if need[1] or need[2]:
-        qg = torch.bmm(split_chunks(phi_q, c).mT, split_chunks(g1, c))
+        qg = torch.bmm(flat_chunks(phi_q, c).mT, flat_chunks(g1, c))
         rev = scan_chunks(qg, nc, reverse=True, matmul_chunks=SCAN_CHUNKS)
     return chunks_backward(phi_q, phi_k, v1, g1, c, need, states=s, kv_bad=bool(kv_bad), rev=rev)
 
@@ -292,8 +292,8 @@ def _in_blocks(rows, n, block, c, prep, finish, causal, need):
             if kv is None:
                 kv, qg = (phi_q.new_empty(-(-n // c), phi_q.shape[-1], v1.shape[-1]) for _ in range(2))
             span = slice(i * block // c, i * block // c + -(-phi_q.shape[-2] // c))
-            torch.bmm(split_chunks(phi_k, c).mT, split_chunks(v1, c), out=kv[span])
-            torch.bmm(split_chunks(phi_q, c).mT, split_chunks(g1, c), out=qg[span])
+            torch.bmm(flat_chunks(phi_k, c).mT, flat_chunks(v1, c), out=kv[span])
+            torch.bmm(flat_chunks(phi_q, c).mT, flat_chunks(g1, c), out=qg[span])
         elif kv is None:
             kv, qg = phi_k[0, 0].mT @ v1[0, 0], phi_q[0, 0].mT @ g1[0, 0]  # (F, M + 1)
         else:

@@ -59,7 +59,7 @@ def default_chunk_size(d: int, m: int, cpu: bool = False) -> int:
     return int(min(256, max(16, 2 ** round(math.log2(root)))))
 
 
-def split_chunks(x, c):
+def flat_chunks(x, c):
     """(..., N, X) -> (L, C, X) with L = (batch dims) * N / C chunks, zero-padding N up to a
     multiple of C. Zero keys and values add nothing to the sums, and padded queries are cut off
     later. Contiguous, so every batched matmul below takes BLAS's fast path."""
@@ -166,7 +166,7 @@ def chunks_forward(q, k, v, c, out=None, states=None, matmul_chunks=MATMUL_SCAN_
     C = M, and a matmul and a scan fewer in the backward). q reaches only its own rows."""
     n = q.shape[-2]
     nc = -(-n // c)
-    qc, kc, vc = split_chunks(q, c), split_chunks(k, c), split_chunks(v, c)  # (L, C, D|M)
+    qc, kc, vc = flat_chunks(q, c), flat_chunks(k, c), flat_chunks(v, c)  # (L, C, D|M)
     scores = torch.bmm(qc, kc.mT).tril_()  # (L, C, C): q_i . k_j for j <= i inside the chunk
     # (L, D, M): sum of k_j v_j^T over earlier chunks
     s, bad = scan_chunks(torch.bmm(kc.mT, vc), nc, matmul_chunks=matmul_chunks)
@@ -185,9 +185,9 @@ def chunks_backward(q, k, v, g, c, need, outs=(None, None, None), states=None, k
     holds an inf or NaN), given by a caller that takes a sequence in blocks (repro.kernels.blocked)."""
     n = q.shape[-2]
     nc = -(-n // c)
-    # split_chunks makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
+    # flat_chunks makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
     # on which batched matmuls leave BLAS for a slow generic loop.
-    qc, kc, vc, gc = split_chunks(q, c), split_chunks(k, c), split_chunks(v, c), split_chunks(g, c)  # (L, C, D|M)
+    qc, kc, vc, gc = flat_chunks(q, c), flat_chunks(k, c), flat_chunks(v, c), flat_chunks(g, c)  # (L, C, D|M)
     grad_q = grad_k = grad_v = None
     if need[0] or need[1]:
         a = torch.bmm(gc, vc.mT).tril_()  # (L, C, C): a[i, j] = g_i . v_j, j <= i
