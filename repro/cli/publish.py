@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from repro.cli.config import ConfigError
-from repro.common.results import REPO, publishing_as, read_jsonl
+from repro.common.results import publishing_as, read_jsonl, repo_relative
 
 
 def _job_order(path: Path):
@@ -71,8 +71,7 @@ def publish(dirs, to: str, replace: bool = False) -> Path:
     if not hasattr(module, "aggregate"):
         raise ConfigError(f"task {tasks[0]} ({module.__name__}) has no aggregate to publish with")
     folder = (Path.cwd() / to).resolve()
-    shown = str(folder.relative_to(REPO)) if folder.is_relative_to(REPO) else str(folder)
-    rows = [{**r, "publish": shown, "publish_replace": replace} for r in rows]
+    rows = [{**r, "publish": repo_relative(folder), "publish_replace": replace} for r in rows]
     with publishing_as("--to", "--replace"):
         module.aggregate(rows, folder)
     return folder

@@ -84,8 +84,10 @@ def _runs_of(rows) -> set:
     return {tuple(str(r.get(k)) for k in RUN_KEYS) for r in rows}
 
 
-def _shown(folder: Path) -> str:
-    return str(folder.relative_to(REPO)) if folder.is_relative_to(REPO) else str(folder)
+def repo_relative(path) -> str:
+    """A path as it reads best in a message: relative to the repository when inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def publish_target(rows) -> Path | None:
@@ -107,7 +109,7 @@ def check_publish(rows, raw_name: str | None = None) -> Path | None:
     folder = publish_target(rows)
     if folder is None or any(r.get("publish_replace") is True for r in rows):
         return folder
-    where, opt = f"{_OPTIONS['folder']}={_shown(folder)}", _OPTIONS["replace"]
+    where, opt = f"{_OPTIONS['folder']}={repo_relative(folder)}", _OPTIONS["replace"]
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{where}: a file, not a folder; publish into a folder")
     held = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from repro.common.errors import ConfigError
-from repro.common.results import REPO
+from repro.common.results import repo_relative
 
 NAME = "claims.yaml"
 
@@ -103,11 +103,6 @@ class Manifest:
                                   for p in self.paths(section, part)))
 
 
-def shown(path: Path) -> str:
-    path = Path(path).resolve()
-    return str(path.relative_to(REPO)) if REPO in path.parents else str(path)
-
-
 def load(root, path=None) -> Manifest:
     """The manifest of the results folder `root` (its claims.yaml unless `path`), checked."""
     from omegaconf import OmegaConf
@@ -117,13 +112,13 @@ def load(root, path=None) -> Manifest:
     root = Path(root).resolve()
     path = Path(path) if path is not None else root / NAME
     if not path.is_file():
-        raise ManifestError(f"{shown(path)}: no such file: the report and the claims show only the runs it names "
-                            "(docs/results.md)")
+        raise ManifestError(f"{repo_relative(path)}: no such file: the report and the claims show only the runs it "
+                            "names (docs/results.md)")
     try:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     except (YAMLError, OmegaConfBaseException) as err:
-        raise ManifestError(f"{shown(path)}: not valid YAML ({' '.join(str(err).split())[:200]})") from None
-    return check(root, data if data is not None else {}, shown(path))
+        raise ManifestError(f"{repo_relative(path)}: not valid YAML ({' '.join(str(err).split())[:200]})") from None
+    return check(root, data if data is not None else {}, repo_relative(path))
 
 
 def report_shapes() -> dict:
@@ -153,7 +148,7 @@ def check(root: Path, data, where: str) -> Manifest:
             fail(key, f"{value} is not a path inside the results folder")
         found = root / rel
         if not (found.is_dir() if kind == "folder" else found.is_file()):
-            fail(key, f"no {kind} {rel} under {shown(root)}")
+            fail(key, f"no {kind} {rel} under {repo_relative(root)}")
         return str(rel)
 
     def shaped(value, shape, key):
