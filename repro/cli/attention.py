@@ -98,9 +98,7 @@ def build_attention(cfg, d_model: int, n_heads: int):
             raise ConfigError(f"attention._target_={cfg.attention._target_}: cannot be built as the model builds "
                               f"every attention, Class(d_model={d_model}, n_heads={n_heads}, <its settings>): "
                               f"{err}") from err
-        except (KeyboardInterrupt, Exception):
-            raise
-        except BaseException as err:  # SystemExit from a user's constructor: not a run that ended well
+        except SystemExit as err:  # from a user's constructor: not a run that ended well
             from repro.attention.contract import stopped_by_signal
 
             if stopped_by_signal(err):
