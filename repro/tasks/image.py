@@ -26,9 +26,11 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from repro.attention.base import is_recurrent
-from repro.cli.attention import attention_config, attention_name, user_set
-from repro.cli.config import ConfigError, building_from_config, group_options, in_multirun, parse_device
-from repro.cli.config import run_dir as get_run_dir
+from repro.conf.attention import attention_config, attention_name, user_set
+from repro.common.config import parse_device
+from repro.common.errors import ConfigError, building_from_config
+from repro.conf import group_options, in_multirun
+from repro.conf import run_dir as get_run_dir
 from repro.common import paper
 from repro.common.results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
 from repro.data import ShuffledBatches
@@ -114,6 +116,16 @@ def train_batch_size(cfg, name) -> int:
     return int((cfg.task.get("batch_size_by_attention") or {}).get(name, cfg.task.batch_size))
 
 
+def held_out_batches(cfg, test) -> list:
+    """The first task.eval_batch_size (default task.batch_size) x trainer.eval_batches test images,
+    in equal batches: an evaluation averages its batches' means, so a short last batch would weigh
+    its images more. A remainder is left out (rows record n_eval) unless it is all there is."""
+    size = cfg.task.get("eval_batch_size") or cfg.task.batch_size
+    n = min(len(test), size * cfg.trainer.eval_batches)
+    n = n - n % size if n >= size else n
+    return [test[i:i + size] for i in range(0, n, size)]
+
+
 def with_attention_settings(cfg, name):
     """The task's per-attention settings (the paper's LSH chunk per image size), except those the
     user set: attention.chunk_size=... on the command line wins over task.attention_settings."""
@@ -157,11 +169,9 @@ def run(cfg) -> float:
         train = ShuffledBatches(Images(splits.train), train_batch_size(cfg, name), seed=cfg.seed)
     except ValueError as err:
         raise ConfigError(f"task.{err}") from err
-    held_out = [splits.test[i:i + t.batch_size]
-                for i in range(0, t.batch_size * cfg.trainer.eval_batches, t.batch_size)]
-    held_out = [b for b in held_out if len(b)]
+    held_out = held_out_batches(cfg, splits.test)
     model = build_model(cfg)
-    identity = _identity(cfg, name, splits, shape)
+    identity = {**_identity(cfg, name, splits, shape), "n_eval": sum(len(b) for b in held_out)}
 
     def hook(model, step):
         if not t.n_samples:
