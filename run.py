@@ -25,10 +25,11 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from repro.cli import jobs, rundir  # noqa: E402
-from repro.cli.config import ConfigError, in_multirun  # noqa: E402
-from repro.cli.logging import tee_to_job_log  # noqa: E402
+from repro.cli.joblog import tee_to_job_log  # noqa: E402
 from repro.cli.preflight import HYDRA_FLAGS, is_multirun, preflight  # noqa: E402
 from repro.cli.validate import validate  # noqa: E402
+from repro.common.errors import ConfigError  # noqa: E402
+from repro.conf import in_multirun  # noqa: E402
 from repro.kernels.backend import forced_backend  # noqa: E402
 from repro.training import distributed  # noqa: E402
 

@@ -13,7 +13,7 @@ def compose_cfg():
     # torch, CuPy, numpy and pytest (no Hydra), and every test file loads this conftest.
     from hydra import compose, initialize_config_dir
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
 
     def _compose(*overrides):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -11,7 +11,7 @@ import torch
 import torchaudio
 from hydra.utils import instantiate
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.common.results import read_jsonl
 from repro.data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, collate
 from repro.data.speech import (
@@ -61,7 +61,7 @@ def test_a_damaged_manifest_is_refused_and_a_dead_builds_folder_is_cleared(corpu
     its id; a build killed mid-way left its temporary folder for good."""
     import shutil
 
-    from repro.cli.config import ConfigError
+    from repro.common.errors import ConfigError
 
     copy = tmp_path / corpus.name
     shutil.copytree(corpus, copy)

@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 
 from repro.attention import LinearAttention, SoftmaxAttention
 from repro.attention.feature_maps import ReluFeatureMap
-from repro.cli.config import compose_group
+from repro.conf import compose_group
 
 
 def _qkv(b=2, h=3, n=13, d=5, m=7):

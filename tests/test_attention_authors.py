@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 
 from repro.attention import SoftmaxAttention
 from repro.attention.lsh import LSHAttention
-from repro.cli.config import CONF_DIR
+from repro.conf import CONF_DIR
 
 SMALL = dict(n_buckets=4, chunk_size=8)  # N = 37 spans several chunks and buckets
 

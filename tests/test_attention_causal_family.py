@@ -13,7 +13,7 @@ from repro.attention.local import LocalAttention
 from repro.attention.lsh import LSHAttention
 from repro.attention.performer import PerformerAttention
 from repro.attention.rfa import RFAAttention
-from repro.cli.config import compose_group
+from repro.conf import compose_group
 from repro.kernels import gated_causal_dot_product
 from repro.models import AutoregressiveTransformer
 

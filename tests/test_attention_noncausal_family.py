@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from repro.attention.nystrom import iterative_pinv
-from repro.cli.attention import named_attentions
-from repro.cli.config import ConfigError, compose_group
+from repro.common.errors import ConfigError
+from repro.conf import compose_group
+from repro.conf.attention import named_attentions
 
 ALL_CONFIGS = named_attentions()  # custom (the user's class) aside: tests/test_conformance.py
 FAMILY = ["linformer", "nystrom", "bigbird", "longshort"]

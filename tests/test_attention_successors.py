@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 from repro.attention.delta import DeltaRuleAttention
 from repro.attention.gla import GatedLinearAttention
 from repro.attention.retention import Retention
-from repro.cli.config import ConfigError, compose_group
+from repro.common.errors import ConfigError
+from repro.conf import compose_group
 from repro.kernels import delta_rule_loop, gated_causal_dot_product_loop
 
 NAMES = ["retention", "gla", "delta"]

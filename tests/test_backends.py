@@ -8,8 +8,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from repro.cli.attention import attention_config
 from repro.common.results import read_jsonl
+from repro.conf.attention import attention_config
 from repro.kernels import cpu_layer, cpu_native
 from repro.training.backends import layer_backend, note_fallback, product_backend, step_backend
 

@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 import pytest
 
-from repro.cli.config import ConfigError, RunFailed
+from repro.common.errors import ConfigError, RunFailed
 from repro.common.results import REPO, read_jsonl
 from repro.tasks import benchmark
 from repro.tasks.benchmark_point import measure_safely
@@ -192,7 +192,7 @@ def test_gpu_memory_cap_sets_the_fraction_of_the_gpu(monkeypatch):
     (the CUDA calls mocked); a CPU run, a bad value or more than the GPU has is one line."""
     import torch
 
-    from repro.cli.config import ConfigError
+    from repro.common.errors import ConfigError
     from repro.training.memory import cap_gpu_memory
 
     set_to = []

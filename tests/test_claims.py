@@ -358,7 +358,7 @@ def test_claims_presets(compose_cfg):
     the two recurrent methods only."""
     from hydra import compose, initialize_config_dir
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         sweep = compose(config_name="config", overrides=["experiment=copy_claims_cpu"], return_hydra_config=True)

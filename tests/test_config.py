@@ -4,10 +4,11 @@ import torch
 from hydra.utils import instantiate
 
 from repro.attention import AttentionLayer
-from repro.cli.attention import named_attentions
-from repro.cli.config import CONF_DIR, ConfigError, compose_group, group_options
-from repro.cli.logging import make_logger
 from repro.cli.preflight import preflight
+from repro.common.errors import ConfigError
+from repro.conf import CONF_DIR, compose_group, group_options
+from repro.conf.attention import named_attentions
+from repro.training.loggers import make_logger
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 
@@ -61,14 +62,14 @@ def test_wandb_offline_writes_a_local_run(compose_cfg, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("task", ["copy", "mnist", "asr"])
 def test_a_task_without_an_attention_says_so_in_one_line(compose_cfg, task):
-    from repro.cli.attention import attention_name
+    from repro.conf.attention import attention_name
     cfg = compose_cfg(f"task={task}", "~attention")
     with pytest.raises(ConfigError, match=f"^task={task} needs an attention: attention=<one of conf/attention>$"):
         attention_name(cfg)
 
 
 def test_attention_name_without_hydra_is_the_entry_the_config_equals(compose_cfg):
-    from repro.cli.attention import attention_name
+    from repro.conf.attention import attention_name
     assert attention_name(compose_cfg("task=copy", "attention=softmax-math")) == "softmax-math"
     # a setting changed: still the entry it was built from (the closest of its class)
     assert attention_name(compose_cfg("task=copy", "attention=linear", "attention.eps=1e-3")) == "linear"

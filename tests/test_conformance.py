@@ -22,8 +22,8 @@ from torch import nn
 from repro.attention.conformance import LENGTH, PROPERTIES, check, first_failure
 from repro.attention.contract import zero_dropout
 from repro.attention.noncausal import NonCausalAttention
-from repro.cli.attention import named_attentions
-from repro.cli.config import compose_group
+from repro.conf import compose_group
+from repro.conf.attention import named_attentions
 
 # the task's batch, a narrower layer; the toys at a short length (quick), the suite's attentions at the default
 SIZES = {"d_model": 32, "n_heads": 4, "batch": 3, "length": 37}

@@ -51,7 +51,7 @@ def test_score_separator_scores_what_the_authors_script_scores():
 def test_the_presets_choose_the_scoring():
     from hydra import compose, initialize_config_dir
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base=None):
         assert compose("config", ["task=copy"]).task.score_separator is False

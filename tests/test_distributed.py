@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.common.results import read_jsonl
 from repro.tasks.copy import run
 from repro.training import load_checkpoint
@@ -65,7 +65,7 @@ def _worker(rank, port, out, queue):
     then 3 steps, then a resume to 5 steps, both through the copy task and fit."""
     from hydra import compose, initialize_config_dir
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
     from repro.training import distributed
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

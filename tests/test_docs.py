@@ -42,7 +42,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.cli.config import CONF_DIR, ConfigError
+from repro.common.errors import ConfigError
+from repro.conf import CONF_DIR
 from repro.reproduction import manifest, report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,8 +159,8 @@ def _variants(overrides):
 def _sweep_values(o):
     from hydra.core.override_parser.types import Glob
 
-    from repro.cli.config import group_options
     from repro.cli.preflight import _values
+    from repro.conf import group_options
 
     if isinstance(o.value(), Glob):  # group=glob(...): the group's options it matches, each in turn
         matched = o.value().filter(group_options(o.key_or_group))

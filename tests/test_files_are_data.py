@@ -18,7 +18,7 @@ from run_cli import ENV, SMOKE_COPY, run_py
 
 from repro.cli import jobs
 from repro.cli.callbacks import AggregateSweep
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.common.results import read_jsonl
 from repro.tasks import image
 from repro.tasks.copy import run as copy_run

@@ -14,8 +14,9 @@ import torch
 from hydra.utils import instantiate
 from PIL import Image
 
-from repro.cli.config import ConfigError, compose_group
+from repro.common.errors import ConfigError
 from repro.common.results import read_jsonl
+from repro.conf import compose_group
 from repro.data import images as image_data
 from repro.data.images import load_images, resize
 from repro.models.pixels import PixelTransformer, to_sequence

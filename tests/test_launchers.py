@@ -55,7 +55,7 @@ def test_sweep_through_launcher_completes_and_aggregates(tmp_path, launcher):
 def test_slurm_config_takes_cluster_overrides(compose_cfg):
     from hydra import compose, initialize_config_dir
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", return_hydra_config=True,
@@ -135,7 +135,7 @@ def test_the_job_log_keeps_a_progress_bar_as_its_last_state():
     import io
     import logging
 
-    from repro.cli.logging import _Tee
+    from repro.cli.joblog import _Tee
 
     class Lines(logging.Handler):
         def __init__(self):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from repro.cli.config import compose_group
+from repro.conf import compose_group
 from repro.models import AutoregressiveTransformer, Transformer, sinusoid
 
 
@@ -194,7 +194,7 @@ def test_matvec_floor_reads_every_weight_matrix_once():
 
 
 def test_throughput_compile_settings_fail_in_one_line(compose_cfg, tmp_path):
-    from repro.cli.config import ConfigError
+    from repro.common.errors import ConfigError
     from repro.tasks import throughput
     base = ("task=throughput", "model=tiny", "task.sizes=[mnist]", f"+run_dir={tmp_path}")
     with pytest.raises(ConfigError, match="task.methods.linear-compiled.compile='nope'; valid: .*inductor"):
@@ -208,7 +208,7 @@ def test_throughput_compile_settings_fail_in_one_line(compose_cfg, tmp_path):
 def test_throughput_runs_only_the_methods_a_preset_names(compose_cfg, tmp_path):
     """experiment=throughput_successors_cpu adds the successors' recurrent twins and runs only the
     methods it names (task.run_methods), not every default one; a label that is not a method is one line."""
-    from repro.cli.config import ConfigError
+    from repro.common.errors import ConfigError
     from repro.common.results import read_jsonl
     from repro.tasks import throughput
     base = ("experiment=throughput_successors_cpu", "model=tiny", "task.batches=[1]", "task.time_budget_s=0.2",

@@ -31,7 +31,7 @@ def test_one_step_per_point_interleaved_and_kept_bytes_exact(tmp_path):
     import torch
     from hydra import compose, initialize_config_dir
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
     from repro.reproduction.model_memory import _batch_and_loss
 
     torch.manual_seed(0)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from hydra.utils import get_class, instantiate
 
-from repro.cli.attention import named_attentions
-from repro.cli.config import compose_group
+from repro.conf import compose_group
+from repro.conf.attention import named_attentions
 
 # every attention config whose class has a recurrent form (the others re-run the prefix to generate)
 CONFIGS = sorted(name for name in named_attentions() if get_class(compose_group("attention", name)._target_).recurrent)

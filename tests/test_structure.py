@@ -15,7 +15,7 @@ PACKAGE = REPO / "repro"
 FLOORS = {
     0: ("repro.common",),
     1: ("repro.kernels", "repro.attention", "repro.models"),
-    2: ("repro.data", "repro.training", "repro.tasks", "repro.cli"),
+    2: ("repro.data", "repro.training", "repro.tasks", "repro.conf", "repro.cli"),
     3: ("repro.reproduction", "repro.report", "repro.reproduce_gpu"),
 }
 

@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from repro.attention import LinearAttention, successors
-from repro.cli.config import compose_group
+from repro.conf import compose_group
 from repro.kernels import gated
 from repro.training.memory import saved_bytes
 

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from repro.attention.gla import GatedLinearAttention
 from repro.attention.successors import SuccessorAttention, reversal_index, reverse
-from repro.cli.config import ConfigError, compose_group
+from repro.common.errors import ConfigError
+from repro.conf import compose_group
 
 D_MODEL, H, D, M = 24, 3, 6, 10
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from repro.attention import LinearAttention
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.common.results import read_jsonl
 from repro.data import CopyTask
 from repro.models import AutoregressiveTransformer

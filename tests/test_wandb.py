@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from repro.cli.logging import RUN_ID_FILE, publish_dir
 from repro.common.results import read_jsonl
 from repro.tasks.copy import run
 from repro.training import load_checkpoint
+from repro.training.loggers import RUN_ID_FILE, publish_dir
 
 BASE = ("experiment=smoke_copy", "attention=linear", "task.max_len=12", "task.batch_size=4", "model.n_layers=1",
         "model.d_model=16", "model.n_heads=2", "model.d_ff=16", "trainer.log_every=1", "trainer.eval_every=2",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.common.results import read_jsonl
 from repro.data.speech import espeak_summary, espeak_text, espeak_to_arpabet, load_kaldi, normalise_transcript
 from repro.data.speech.lexicon import FEW

@@ -21,7 +21,7 @@ def task_targets(config) -> list[str]:
     a file on disk names no code to import."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
 
     targets = [OmegaConf.select(config, "task._target_", default=None)]
     lines = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
@@ -65,8 +65,8 @@ class AggregateSweep(Callback):
     def on_job_end(self, config, job_return=None, **kwargs):
         from hydra.core.hydra_config import HydraConfig
 
-        from repro.cli.logging import publish_dir
         from repro.training.distributed import is_main
+        from repro.training.loggers import publish_dir
 
         if is_main() and HydraConfig.initialized():
             publish_dir(config, HydraConfig.get().runtime.output_dir)
@@ -104,6 +104,6 @@ class AggregateSweep(Callback):
                 print(f"\n[{task}] {len(rows)} rows from {sweep_dir}")
                 module.aggregate(rows, sweep_dir)
         if by_task:
-            from repro.cli.logging import publish_dir
+            from repro.training.loggers import publish_dir
 
             publish_dir(config, sweep_dir, group=sweep_dir.name, job_type="sweep", name=f"{sweep_dir.name}-aggregate")

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from hydra.errors import InstantiationException
 
-from repro.cli.config import ConfigError, RunFailed, in_multirun
 from repro.cli.rundir import LOCK
+from repro.common.errors import ConfigError, RunFailed
 from repro.common.results import atomic_write
+from repro.conf import in_multirun
 from repro.training.distributed import is_main
 from repro.training.stopping import DIVERGED
 

@@ -18,7 +18,8 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from repro.cli.config import CONF_DIR, ConfigError, group_options
+from repro.common.errors import ConfigError
+from repro.conf import CONF_DIR, group_options
 
 HYDRA_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
                "--version", "--resolve", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.common.results import publishing_as, read_jsonl, repo_relative
 
 

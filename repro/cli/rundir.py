@@ -226,7 +226,7 @@ def _check_resume(argv, resume):
     trainer makes, on the config composed from these overrides."""
     from hydra import compose, initialize_config_dir
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
     from repro.training.checkpoint import check_fingerprint, load_checkpoint
     from repro.training.parts import default_fingerprint
 

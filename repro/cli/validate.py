@@ -16,8 +16,8 @@ import math
 
 from omegaconf import DictConfig
 
-from repro.cli.attention import attention_name, build_attention
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
+from repro.conf.attention import attention_name, build_attention
 
 AUTOREGRESSIVE_TASKS = ("copy", "mnist", "cifar")  # causal models: every attention must have a causal form
 NON_CAUSAL_TASKS = ("asr",)  # non-causal encoders: every attention must have a non-causal form

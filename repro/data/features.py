@@ -7,7 +7,7 @@ import torch
 import torchaudio
 from torch import nn
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.data.batches import ShuffledBatches
 from repro.data.speech.phonemes import encode
 

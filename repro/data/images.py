@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 
 DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

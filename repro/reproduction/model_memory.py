@@ -31,7 +31,7 @@ def _batch_and_loss(cfg):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from repro.cli.attention import attention_name
+    from repro.conf.attention import attention_name
     from repro.data import CopyTask
     from repro.models import AutoregressiveTransformer
     from repro.tasks import image
@@ -55,7 +55,7 @@ def measure(preset: str, attention: str) -> dict:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
     from repro.tasks.benchmark_point import prepare_rss_measure, proc_status_kb
     from repro.training.memory import peak_allocated_bytes, saved_bytes
     from repro.training.optim import build_optimizer

@@ -19,11 +19,12 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from repro.cli.attention import attention_name
-from repro.cli.config import ConfigError, building_from_config, in_multirun
-from repro.cli.config import run_dir as get_run_dir
 from repro.common import paper
+from repro.common.errors import ConfigError, building_from_config
 from repro.common.results import REPO, atomic_write, output_dirs, provenance, save_figure
+from repro.conf import in_multirun
+from repro.conf import run_dir as get_run_dir
+from repro.conf.attention import attention_name
 from repro.data.features import BucketedBatches, LogMelFilterbank, SpeechDataset, eval_batches, spec_augment
 from repro.data.speech import (
     BLANK,

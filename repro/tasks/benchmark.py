@@ -14,17 +14,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from repro.cli.attention import attention_config, attention_name
-from repro.cli.config import (
-    ConfigError,
-    RunFailed,
-    building_from_config,
-    in_multirun,
-    parse_device,
-    parse_dtype,
-    run_dir,
-)
-from repro.cli.logging import make_logger
+from repro.common.config import parse_device, parse_dtype
+from repro.common.errors import ConfigError, RunFailed, building_from_config
 from repro.common.results import (
     atomic_write,
     check_publish,
@@ -36,8 +27,11 @@ from repro.common.results import (
     save_figure,
     write_jsonl,
 )
+from repro.conf import in_multirun, run_dir
+from repro.conf.attention import attention_config, attention_name
 from repro.tasks.benchmark_point import measure_safely, run_isolated
 from repro.training.backends import note_fallback
+from repro.training.loggers import make_logger
 from repro.training.memory import cap_gpu_memory
 from repro.training.memory import memory_limit as point_memory_limit
 

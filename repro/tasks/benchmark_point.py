@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from repro.cli.config import parse_dtype  # noqa: E402
+from repro.common.config import parse_dtype  # noqa: E402
 from repro.training.backends import layer_backend  # noqa: E402
 from repro.training.memory import out_of_memory, saved_bytes  # noqa: E402
 

@@ -7,9 +7,11 @@ at the model's d_model and n_heads, on small random inputs in float64 and float3
 import pandas as pd
 
 from repro.attention.conformance import check, first_failure
-from repro.cli.attention import attention_name, build_attention
-from repro.cli.config import ConfigError, RunFailed, in_multirun, parse_device, run_dir
+from repro.common.config import parse_device
+from repro.common.errors import ConfigError, RunFailed
 from repro.common.results import atomic_write, json_text, output_dirs, provenance, rows_to_csv, write_jsonl
+from repro.conf import in_multirun, run_dir
+from repro.conf.attention import attention_name, build_attention
 
 COLUMNS = ["attention", "property", "result", "detail"]
 

@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from repro.cli.attention import attention_name
-from repro.cli.config import ConfigError, in_multirun
-from repro.cli.config import run_dir as get_run_dir
+from repro.common.errors import ConfigError
 from repro.common.results import atomic_write, output_dirs, save_figure
+from repro.conf import in_multirun
+from repro.conf import run_dir as get_run_dir
+from repro.conf.attention import attention_name
 from repro.data import CopyTask
 from repro.models import AutoregressiveTransformer
 from repro.training import fit, seed_everything

@@ -26,13 +26,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from repro.attention.base import is_recurrent
-from repro.conf.attention import attention_config, attention_name, user_set
+from repro.common import paper
 from repro.common.config import parse_device
 from repro.common.errors import ConfigError, building_from_config
+from repro.common.results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
 from repro.conf import group_options, in_multirun
 from repro.conf import run_dir as get_run_dir
-from repro.common import paper
-from repro.common.results import atomic_write, output_dirs, provenance, save_figure, write_jsonl
+from repro.conf.attention import attention_config, attention_name, user_set
 from repro.data import ShuffledBatches
 from repro.data.images import Images, load_images, resize
 from repro.models import logistic_mixture as dmol

@@ -16,8 +16,10 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from repro.cli.config import ConfigError, in_multirun, parse_device, parse_dtype, positive_ints, run_dir
+from repro.common.config import parse_device, parse_dtype, positive_ints
+from repro.common.errors import ConfigError
 from repro.common.results import atomic_write, check_publish, output_dirs, provenance, rows_to_csv, write_jsonl
+from repro.conf import in_multirun, run_dir
 from repro.kernels import (
     causal_dot_product,
     causal_dot_product_chunked,

@@ -37,19 +37,11 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from repro.attention.softmax import SoftmaxAttention
-from repro.cli.config import (
-    ConfigError,
-    building_from_config,
-    compose_group,
-    in_multirun,
-    nonempty,
-    parse_device,
-    parse_dtype,
-    positive_ints,
-    run_dir,
-)
 from repro.common import paper
+from repro.common.config import nonempty, parse_device, parse_dtype, positive_ints
+from repro.common.errors import ConfigError, building_from_config
 from repro.common.results import atomic_write, check_publish, output_dirs, provenance, rows_to_csv, write_jsonl
+from repro.conf import compose_group, in_multirun, run_dir
 from repro.models import logistic_mixture as dmol
 from repro.models.generate import MODES, StepProjections, compile_step, generate
 from repro.models.pixels import IMAGE_SHAPES, PixelTransformer

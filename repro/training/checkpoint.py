@@ -27,7 +27,7 @@ from pathlib import Path, PurePath
 import numpy as np
 import torch
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.common.results import atomic_write
 
 FORMAT = "repro-checkpoint-v2"

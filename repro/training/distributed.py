@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 
 
 def env_world_size() -> int:
@@ -173,7 +173,7 @@ def _dir_override(argv) -> str | None:
     from hydra.core.utils import setup_globals
     from omegaconf import OmegaConf
 
-    from repro.cli.config import CONF_DIR
+    from repro.conf import CONF_DIR
 
     multirun = any(a in ("-m", "--multirun") for a in argv)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"

@@ -50,7 +50,7 @@ aot_eager / eager for a quick check); evaluation, eval_hook and checkpoints use 
 module, so checkpoints stay interchangeable.
 """
 # the names the tasks and tests import from here (the parts live in repro.training.parts)
-from repro.cli.config import parse_device  # noqa: F401
+from repro.common.config import parse_device  # noqa: F401
 from repro.models.generate import compile_step  # noqa: F401  (generation's; tests import it from here)
 from repro.training.parts import compile_backends, seed_everything, step_time_text, to_device  # noqa: F401
 from repro.training.trainer import Trainer

@@ -8,7 +8,7 @@ inside the step); the paper_* presets use it with the trainer's global clip off 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.training.radam import RAdam  # noqa: F401  (the presets' _target_: repro.training.optim.RAdam)
 
 

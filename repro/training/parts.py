@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.training import distributed as ddp
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}

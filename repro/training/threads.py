@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 
 
 def set_threads(setting, device: torch.device, key: str = "trainer.threads") -> int:

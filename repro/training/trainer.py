@@ -38,9 +38,10 @@ import torch.distributed as dist
 from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
-from repro.cli.config import ConfigError, in_multirun, parse_device
-from repro.cli.logging import NullLogger, make_logger
+from repro.common.config import parse_device
+from repro.common.errors import ConfigError
 from repro.common.results import provenance
+from repro.conf import in_multirun
 from repro.training import distributed as ddp
 from repro.training.backends import model_backend, note_fallback
 from repro.training.checkpoint import (
@@ -54,6 +55,7 @@ from repro.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from repro.training.loggers import NullLogger, make_logger
 from repro.training.optim import build_optimizer, build_scheduler
 from repro.training.parts import (
     PRECISIONS,

@@ -5,9 +5,10 @@ import pandas as pd
 import torch
 from hydra.utils import instantiate
 
-from repro.cli.attention import attention_name
-from repro.cli.config import in_multirun, parse_device, run_dir
+from repro.common.config import parse_device
 from repro.common.results import atomic_write, output_dirs, provenance, rows_to_csv, write_jsonl
+from repro.conf import in_multirun, run_dir
+from repro.conf.attention import attention_name
 
 
 def run(cfg) -> float:

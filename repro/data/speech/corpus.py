@@ -24,7 +24,7 @@ import torch
 import torchaudio
 from tqdm import tqdm
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.common.results import REPO, atomic_write, read_jsonl, write_jsonl
 from repro.data.speech.espeak import engine
 from repro.data.speech.phonemes import espeak_to_arpabet

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import soundfile as sf
 
-from repro.cli.config import ConfigError
+from repro.common.errors import ConfigError
 from repro.data.speech.lexicon import transcript_to_arpabet
 
 POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")  # Debian: apt-get install pocketsphinx-testdata

@@ -1,20 +1,20 @@
-"""Helpers around Hydra: user-facing config errors, the run-dir resolver, and composing a
-config group's entry by name (the benchmark measures several attentions in one run)."""
+"""The suite's Hydra configs (conf/): where they are, composing a config group's entry by name
+(the benchmark measures several attentions in one run), the run's directory and whether it is one
+job of a sweep; `attention` says which attention a run's config names. Checks of plain config
+values (device, dtype) live below, in repro.common.config."""
 import os
 import secrets
 from functools import lru_cache
 from pathlib import Path
 
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from repro.common.errors import ConfigError, RunFailed, building_from_config  # noqa: F401 (the CLI floor's names)
+from repro.common.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @lru_cache(maxsize=None)
@@ -47,24 +47,6 @@ def compose_group(group: str, name: str):
     return cfg[group]
 
 
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ConfigError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
-    return DTYPES[name]
-
-
-def parse_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise ConfigError(f"unknown device {name!r}; valid: auto, cpu, cuda, cuda:N") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but no CUDA GPU is visible; use device=cpu or device=auto")
-    return device
-
-
 def run_dir(cfg) -> Path:
     """Where this run writes: Hydra's output dir under run.py, else cfg.run_dir or
     cfg.task.out_dir (tests and library use compose the config without Hydra's runtime)."""
@@ -81,18 +63,3 @@ def in_multirun() -> bool:
 
     return HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN"
 
-
-def nonempty(t, key: str, example: str) -> list:
-    """task.<key> as a list, refused in one line when missing or empty."""
-    value = t.get(key)
-    if value is None or len(value) == 0:
-        raise ConfigError(f"task.{key} is empty; give at least one, e.g. task.{key}={example}")
-    return list(value)
-
-
-def positive_ints(t, key: str, example: str) -> list[int]:
-    """task.<key>, a non-empty list of positive integers (lengths, batch sizes), else one line."""
-    value = nonempty(t, key, example)
-    if bad := [x for x in value if not isinstance(x, int) or isinstance(x, bool) or x < 1]:
-        raise ConfigError(f"task.{key}: {bad} not positive integers; e.g. task.{key}={example}")
-    return value

@@ -3,7 +3,8 @@ task, the benchmark and the config checks ask (conf/attention is the registry; i
 is what rows, tables and the report call the attention)."""
 from omegaconf import OmegaConf
 
-from repro.cli.config import ConfigError, compose_group, group_options
+from repro.common.errors import ConfigError
+from repro.conf import compose_group, group_options
 
 
 def attention_name(cfg) -> str:
@@ -86,7 +87,7 @@ def attention_factory(cfg):
 def build_attention(cfg, d_model: int, n_heads: int):
     """The attention layer as the model builds it, Class(d_model=..., n_heads=...), a constructor
     that rejects a setting or these arguments (a user's class) failing in one line."""
-    from repro.cli.config import building_from_config
+    from repro.common.errors import building_from_config
 
     factory = attention_factory(cfg)
     with building_from_config():  # the constructor's ValueError is the user's to fix
