@@ -1,4 +1,4 @@
-"""repro.reproduction.claims: the verdict rules, and the section rendered from results folders written here in
+"""repro.reproduction.report.claims: the verdict rules, and the section rendered from results folders written here in
 the formats the tasks publish (copy_final/copy_curves, bpd_curves + image_rows, asr_table +
 asr_rows, throughput.csv) and named by the manifest (claims.yaml), with the expected numbers worked
 out by hand."""
@@ -11,8 +11,9 @@ import pytest
 from report_manifest import write_manifest
 from scipy import stats as scipy_stats
 
-from repro.reproduction import claims, verdicts
-from repro.reproduction.claims import NOT_REPRODUCED, NOT_TESTABLE
+from repro.reproduction import verdicts
+from repro.reproduction.report import claims
+from repro.reproduction.report.claims import NOT_REPRODUCED, NOT_TESTABLE
 from repro.reproduction.verdicts import CONTRADICTED, MEASURED, REPRODUCED, UNDECIDED, Seeds, below, reaches, slopes
 
 # ----------------------------------------------------------------------------- the rules

@@ -12,10 +12,10 @@ import pytest
 from report_manifest import write_manifest
 
 from repro.common.results import REPO
-from repro.reproduction import claims as claims_module
 from repro.reproduction import manifest
 from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report import build, main
+from repro.reproduction.report import claims as claims_module
 
 CPU, GPU = "AMD EPYC (2 cores, 1 threads)", "NVIDIA H100 80GB HBM3"
 
@@ -121,7 +121,7 @@ def test_a_manifest_mistake_is_one_line_naming_the_key_and_the_folder(tmp_path, 
 
 
 def test_the_command_line_says_the_mistake_in_one_line(tmp_path, capsys):
-    """python -m repro.report and python -m repro.reproduction.claims: a manifest naming a missing
+    """python -m repro.report and python -m repro.reproduction.report.claims: a manifest naming a missing
     folder, a claim key that is not one, no manifest, YAML that does not parse: `error: ...`, one
     line, nothing written."""
     _tree(tmp_path)
@@ -139,8 +139,8 @@ def test_the_command_line_says_the_mistake_in_one_line(tmp_path, capsys):
         assert line.startswith("error: ") and "\n" not in line and re.search(expect, line), line
         assert not (tmp_path / "REPORT.md").exists()
     path.write_text("claims: {copy: copy/nope}\n")
-    result = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "repro.reproduction.claims", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "repro.reproduction.report.claims",
+                             str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 1 and result.stderr.strip().count("\n") == 0
     assert "claims.copy: no folder copy/nope under" in result.stderr
 

@@ -1,6 +1,6 @@
 """Which committed results folder answers which claim and which table: results/claims.yaml. The
 report (`python -m repro.report`: every section takes its folders from it and reads no other),
-the claims table (repro.reproduction.claims) and the check of README's "What we found"
+the claims table (repro.reproduction.report.claims) and the check of README's "What we found"
 (tests/test_docs.py) read it; nothing else chooses runs, and a folder it does not name is not shown.
 
     claims:   {claim: folder}      the run each claim of the claims table is judged from (CLAIMS)

@@ -33,8 +33,8 @@ or in the nearest parent's README.md under results/ one on a line naming the fol
 declared column or a manifest that does not say what it must stops it with one line naming the file;
 a failed run (schema.failed) is shown as failed, never as a result.
 
-One module per part of REPORT.md (figure1, figure2, fidelity, images, speech, kernels, cpu_speed,
-gpu_runs, memory, successors), each declaring the tables it reads (its TABLES, checked on load by
+One module per part of REPORT.md (claims, figure1, figure2, fidelity, images, speech, kernels,
+cpu_speed, gpu_runs, memory, successors), each declaring the tables it reads (its TABLES, checked on load by
 schema.py) and taking its folders from the manifest (ctx.tables); format.py holds what they share
 and build.py puts them together.
 """

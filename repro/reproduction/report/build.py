@@ -57,21 +57,6 @@ def others(ctx) -> str:
     return "\n\n".join([lines[0], lines[1], "\n".join(lines[2:])])
 
 
-def claims(ctx) -> str:
-    """The paper's claims, one verdict each, from the runs the manifest names (repro.reproduction.claims)."""
-    from repro.reproduction import claims as claims_module
-
-    return ("## Does it reproduce the paper's claims?\n\nEach claim a CPU can speak to, put to the one CPU-sized run "
-            "`results/claims.yaml` names for it (the `*_claims_cpu` presets in `conf/experiment/`; each folder's "
-            "README holds its command, git SHA and machine load). The learning claims are judged over at least 5 "
-            "seeds a side, each "
-            "seed's final value unsmoothed, from Welch's 95 % interval of the gap: reproduced or contradicted "
-            "only where the interval excludes 0 on that side, else undecided at this scale with the smallest "
-            "gap the runs could have detected; fewer seeds are shown as a measurement with their interval. Rules: "
-            "`repro/reproduction/verdicts.py`, their use: "
-            "`repro/reproduction/claims.py`.\n\n" + claims_module.section(ctx.root, ctx.manifest).rstrip())
-
-
 def sections(results: Path, out: Path, manifest: Manifest | None = None) -> dict[str, str]:
     """The report's sections by name, in order (title, claims: the answer first, figure1, figure2,
     tables_1_2, table_4, table_5, table_3, kernels, cpu_speed, gpu_runs, others), links made relative to `out`;
@@ -87,7 +72,7 @@ def sections(results: Path, out: Path, manifest: Manifest | None = None) -> dict
     # sections declare they read; a section takes its own folders from the manifest (ctx.tables)
     every = read_checked(results, manifest.read(), [t for m in modules for t in getattr(m, "TABLES", [])])
     ctx = Context(results, rel, manifest, every)
-    parts = sorted([entry for m in modules for entry in m.SECTIONS] + [(5, "claims", claims)], key=lambda e: e[0])
+    parts = sorted([entry for m in modules for entry in m.SECTIONS], key=lambda e: e[0])
     rendered = {name: render(ctx) for _, name, render in parts}
     gpu = {hw_class(str(v)) for _, df in ctx.csvs if "device" in df for v in df.device.dropna()}
     gpu = sorted((gpu | {cls for (_, _, cls) in images.chosen_bpd(ctx)}) - {"CPU"})

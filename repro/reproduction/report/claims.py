@@ -5,7 +5,7 @@ MNIST) are judged over the seeds of one declared run each (at least verdicts.MIN
 finals unsmoothed) by the interval rules of repro.reproduction.verdicts (reproduced / contradicted /
 undecided at this scale); the speed claims are single measurements against the paper's ratios.
 
-    python -m repro.reproduction.claims            # print the section (README "Does it reproduce the paper's claims?")
+    python -m repro.reproduction.report.claims     # print the section (README "Does it reproduce the paper's claims?")
 
 The paper's numbers come from repro.common.paper, the one place that holds them.
 """
@@ -530,6 +530,22 @@ def section(results_dir: Path, manifest: Manifest | None = None) -> str:
              "|---|---|---|---|"]
     lines += [f"| {cell(r.claim)} | {cell(r.paper)} | {cell(r.here)} | **{cell(r.verdict)}** |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def claims_section(ctx) -> str:
+    """The paper's claims, one verdict each, from the runs the manifest names (claims below)."""
+    return ("## Does it reproduce the paper's claims?\n\nEach claim a CPU can speak to, put to the one CPU-sized run "
+            "`results/claims.yaml` names for it (the `*_claims_cpu` presets in `conf/experiment/`; each folder's "
+            "README holds its command, git SHA and machine load). The learning claims are judged over at least 5 "
+            "seeds a side, each "
+            "seed's final value unsmoothed, from Welch's 95 % interval of the gap: reproduced or contradicted "
+            "only where the interval excludes 0 on that side, else undecided at this scale with the smallest "
+            "gap the runs could have detected; fewer seeds are shown as a measurement with their interval. Rules: "
+            "`repro/reproduction/verdicts.py`, their use: "
+            "`repro/reproduction/report/claims.py`.\n\n" + section(ctx.root, ctx.manifest).rstrip())
+
+
+SECTIONS = [(5, "claims", claims_section)]
 
 
 if __name__ == "__main__":
