@@ -30,7 +30,7 @@ from repro.cli.preflight import HYDRA_FLAGS, is_multirun, preflight  # noqa: E40
 from repro.cli.validate import validate  # noqa: E402
 from repro.common.errors import ConfigError  # noqa: E402
 from repro.conf import in_multirun  # noqa: E402
-from repro.kernels.backend import forced_backend  # noqa: E402
+from repro.kernels.plumbing.backend import forced_backend  # noqa: E402
 from repro.training import distributed  # noqa: E402
 
 

@@ -106,7 +106,7 @@ def chunks(q, k, v, states, out, den_out, cpg, n_groups, rev, norm, eps):
 
 
 def causal_dot_product(q, k, v, cpg, rev=False, norm=False, eps=1e-6):
-    """The three launches of cupy_backend._launch on (BH, N, D), (BH, N, D), (BH, N, M) arrays,
+    """The three launches of causal_product.cuda.launch on (BH, N, D), (BH, N, D), (BH, N, M) arrays,
     with `cpg` chunks per group. Returns out (BH, N, M) and, when norm, den (BH, N); output
     entries no block writes stay NaN."""
     bh_n, n, d = q.shape

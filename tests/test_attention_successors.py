@@ -18,7 +18,8 @@ from repro.attention.gla import GatedLinearAttention
 from repro.attention.retention import Retention
 from repro.common.errors import ConfigError
 from repro.conf import compose_group
-from repro.kernels import delta_rule_loop, gated_causal_dot_product_loop
+from repro.kernels.delta.reference import delta_rule_loop
+from repro.kernels.gated.reference import gated_causal_dot_product_loop
 
 NAMES = ["retention", "gla", "delta"]
 

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from repro.common.results import read_jsonl
 from repro.conf.attention import attention_config
-from repro.kernels import cpu_layer, cpu_native
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.normalised import cpu_layer
 from repro.training.backends import layer_backend, note_fallback, product_backend, step_backend
 
 needs_c = pytest.mark.skipif(cpu_native.library() is None, reason=f"no fused CPU kernel: {cpu_native.unavailable()}")

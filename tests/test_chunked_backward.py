@@ -1,4 +1,4 @@
-"""The chunked kernel's fused backward (repro/kernels/chunked.py) against the float64 naive
+"""The chunked kernel's fused backward (repro/kernels/causal_product/chunked.py) against the float64 naive
 formula on the layouts a user's code hands it: a stride-0 upstream gradient, any subset of
 needed gradients, non-contiguous and 2-D inputs, odd sizes that pad the last chunk."""
 import itertools
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from repro.attention.linear import LinearAttention
-from repro.kernels import causal_dot_product_chunked, causal_dot_product_naive, default_chunk_size
+from repro.kernels import causal_dot_product_chunked, default_chunk_size
+from repro.kernels.causal_product.reference import causal_dot_product_naive
 
 ODD = [(2, 3, 37, 5, 9), (1, 2, 70, 12, 7)]  # N not a multiple of any chunk, D != M
 
@@ -59,7 +60,7 @@ def test_non_contiguous_and_2d_inputs(layout):
 
 
 def test_cpu_chunk_table():
-    """CPU takes the measured table (repro/kernels/chunked.py CPU_CHUNKS); other devices and
+    """CPU takes the measured table (repro/kernels/causal_product/chunked.py CPU_CHUNKS); other devices and
     sizes beyond the table keep the power of two nearest sqrt(D M)."""
     assert [default_chunk_size(d, d, cpu=True) for d in (8, 16, 32, 64, 128)] == [32, 32, 64, 64, 64]
     assert default_chunk_size(32, 33, cpu=True) == 64 and default_chunk_size(256, 256, cpu=True) == 256
@@ -72,7 +73,7 @@ def test_cpu_chunk_table():
 def test_row_groups_match_naive(monkeypatch, need, n, threads):
     """CPU runs take the sequences in groups of about GROUP_CHUNKS chunks; a small GROUP_CHUNKS
     makes several groups, with a partial last one (7 rows, 3 per group)."""
-    from repro.kernels import chunked
+    from repro.kernels.causal_product import chunked
 
     monkeypatch.setattr(chunked, "GROUP_CHUNKS", 9)  # N = 37 or 48 at C = 16: 3 chunks per row, 3 rows per group
     before = torch.get_num_threads()
@@ -137,7 +138,7 @@ def test_the_forward_keeps_its_chunk_states_for_grad_q_only_when_it_will_be_need
     """grad q reuses the forward's chunk states (the backward then runs one state scan, the
     reverse one, instead of two); nothing is kept under no_grad or when q needs no gradient.
     The gradients themselves are checked against the naive formula above."""
-    from repro.kernels import chunked
+    from repro.kernels.causal_product import chunked
 
     kept, scans = [], []
     grouped, scan = chunked._grouped_forward, chunked._chunk_states

@@ -1,9 +1,10 @@
-"""The linear layer's fused CPU attention (repro/kernels/linear_layer_cpu.c, repro.kernels.cpu_layer)
-against the float64 formula written out (tests.test_attention.explicit_linear): forward, every
-subset of gradients, odd sizes and partial chunks, the projections' strided views and other
-layouts, padded keys, threads; phi's exp at the ends of its range; non-finite inputs (the exact
-path takes over, with the same result); where the layer takes it and where it does not; the
-raw calls' refusals; and the peak memory it was built for (below SDPA softmax's)."""
+"""The linear layer's fused CPU attention (repro/kernels/normalised/linear_layer_cpu.c,
+repro.kernels.normalised.cpu_layer) against the float64 formula written out
+(tests.test_attention.explicit_linear): forward, every subset of gradients, odd sizes and partial
+chunks, the projections' strided views and other layouts, padded keys, threads; phi's exp at the
+ends of its range; non-finite inputs (the exact path takes over, with the same result); where the
+layer takes it and where it does not; the raw calls' refusals; and the peak memory it was built
+for (below SDPA softmax's)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,8 @@ from test_linear_memory import layer_peaks
 
 from repro.attention import LinearAttention
 from repro.attention.feature_maps import ReluFeatureMap
-from repro.kernels import cpu_layer, cpu_native
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.normalised import cpu_layer
 
 pytestmark = pytest.mark.skipif(cpu_native.unavailable() is not None,
                                 reason=f"the fused CPU kernel does not build here: {cpu_native.unavailable()}")
@@ -115,7 +117,7 @@ def test_phi_at_the_ends_of_exps_range():
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_non_finite_inputs_take_the_exact_path(monkeypatch, where, bad):
     """An inf or NaN in k or v makes the kernel's forward refuse (None), in q or k its backward;
-    the layer then takes repro.kernels.blocked's path and returns what that path returns alone,
+    the layer then takes repro.kernels.normalised.blocked's path and returns what that path returns alone,
     finite where causality keeps the value out."""
     gen = torch.Generator().manual_seed(7)
     layer = LinearAttention(d_model=12, n_heads=2)
@@ -183,7 +185,7 @@ def test_the_layers_peak_is_below_sdpa_softmaxs(n):
     """Forward + backward of one layer as the benchmark runs it (d_model 256, 8 heads, batch
     4096 / N, fp32, causal, one thread), the exact peak of torch's allocator: the fused layer at or
     below SDPA softmax's at every N (36.38 against 37.38 MiB at N = 4,096, 36.4 against 36.5 at
-    256), where repro.kernels.blocked's groups of rows held 0.4-1.3 MiB above it."""
+    256), where repro.kernels.normalised.blocked's groups of rows held 0.4-1.3 MiB above it."""
     sdpa, linear = layer_peaks(n, torch.float32, True)
     assert sdpa > 8 * 4096 * 256 * 4  # the count sees the pass: q, k, v, y, grads
     assert linear <= sdpa, f"linear {linear / 2**20:.3f} MiB, SDPA {sdpa / 2**20:.3f} MiB"

@@ -1,17 +1,13 @@
-"""The fused CPU causal product (repro/kernels/causal_dot_cpu.c) against the float64 formula:
+"""The fused CPU causal product (repro/kernels/causal_product/causal_dot_cpu.c) against the float64 formula:
 forward, every subset of gradients, states in and out, odd sizes and chunks, threads, non-finite
 inputs (the exact path takes over) and a failed build (the PyTorch pieces take over)."""
 import pytest
 import torch
 
-from repro.kernels import (
-    causal_dot_product,
-    causal_dot_product_chunked,
-    causal_dot_product_loop,
-    causal_dot_product_naive,
-    cpu_build,
-    cpu_native,
-)
+from repro.kernels import causal_dot_product, causal_dot_product_chunked
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.causal_product.reference import causal_dot_product_loop, causal_dot_product_naive
+from repro.kernels.plumbing import cpu_build
 
 needs_kernel = pytest.mark.skipif(cpu_native.unavailable() is not None,
                                   reason=f"the fused CPU kernel does not build here: {cpu_native.unavailable()}")
@@ -202,17 +198,17 @@ def test_the_forward_keeps_no_chunk_states(calls):
 @pytest.mark.parametrize("feature_map", ["elu", "favor"])
 @pytest.mark.parametrize("need", ["qkv", "q", "kv"])
 def test_the_linear_layer_on_the_fused_kernel(monkeypatch, calls, workspace, padded, feature_map, need):
-    """The causal linear layer in fp32 takes the fused kernel in both of repro.kernels.blocked's
+    """The causal linear layer in fp32 takes the fused kernel in both of repro.kernels.normalised.blocked's
     CPU paths (workspace 1 byte puts every row in blocks of one chunk, whose states come from the
     blocks' sums; 500 kB groups of rows in one pass), against the same layer in float64 (the
     chunked PyTorch pieces), forward and the gradients that are needed. Those paths serve the
-    feature maps the fused layer kernel (repro.kernels.cpu_layer: elu + 1) does not compute, and
+    feature maps the fused layer kernel (repro.kernels.normalised.cpu_layer: elu + 1) does not compute, and
     elu + 1 where that kernel declines; here it is turned off."""
     from test_attention import explicit_linear
 
     from repro.attention import LinearAttention
     from repro.attention.performer import FavorFeatureMap
-    from repro.kernels import blocked, cpu_layer
+    from repro.kernels.normalised import blocked, cpu_layer
 
     monkeypatch.setattr(blocked, "default_workspace", lambda q: workspace)
     monkeypatch.setattr(cpu_layer, "applies", lambda *a: False)

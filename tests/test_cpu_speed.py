@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.kernels import cpu_native
+from repro.kernels.causal_product import cpu_native
 from repro.reproduction import cpu_speed
 
 TINY = ["--threads", "1", "--rounds", "1", "--kernel-lengths", "40", "--pass-length", "64",

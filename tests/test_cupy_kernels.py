@@ -1,4 +1,5 @@
-"""The CuPy CUDA backend (repro/kernels/cupy_backend.py, causal_dot.cu, recurrent_step.cu).
+"""The CuPy CUDA backends (repro/kernels/{causal_product,normalised,recurrent}/cuda.py, causal_dot*.cu,
+recurrent_step.cu; their switches, repro/kernels/plumbing/switches.py).
 
 Without a GPU: every .cu source compiles with NVRTC for sm_80 and sm_90 (and with nvcc when
 it is installed), the numpy model of the kernels' tiling (tests/kernel_emulation.py) matches
@@ -28,15 +29,14 @@ import numpy as np
 import pytest
 import torch
 
-from repro.kernels import (
-    causal_dot_product,
-    causal_dot_product_chunked,
-    causal_dot_product_naive,
-    cuda_build,
-    cuda_grid,
-    cupy_backend,
-    select_backend,
-)
+from repro.kernels import causal_dot_product, causal_dot_product_chunked, select_backend
+from repro.kernels.causal_product import cuda as product_cuda
+from repro.kernels.causal_product.reference import causal_dot_product_naive
+from repro.kernels.normalised import cuda as normalised_cuda
+from repro.kernels.plumbing import cuda_build, cuda_grid, switches
+from repro.kernels.plumbing.cupy_launch import CALLS, cupy_stream
+from repro.kernels.plumbing.switches import switched
+from repro.kernels.recurrent import cuda as step_cuda
 
 CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not CUDA, reason="no CUDA device: the GPU tests of the CuPy kernels "
@@ -46,8 +46,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _no_forced_backend(monkeypatch):
-    """Each test picks its backend: `REPRO_KERNEL=cupy pytest ...` must not reach the CPU tests."""
+    """Each test picks its backend and switches: `REPRO_KERNEL=cupy pytest ...` must not reach the
+    CPU tests, nor REPRO_KERNEL_SWITCHES a test that sets its own."""
     monkeypatch.delenv("REPRO_KERNEL", raising=False)
+    monkeypatch.delenv(switches.ENV, raising=False)
 
 
 def rel_err(x, ref):
@@ -81,15 +83,17 @@ def test_nvcc_compiles_every_instance(name, tmp_path):
 def test_tile_constants_agree():
     """The .cu's tile geometry is what the launcher sizes shared memory for and what the
     emulation models."""
-    src = cuda_build.source("causal_dot.cu")
+    src = cuda_build.source("causal_product/causal_dot.cu")
     defs = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", src)}
     assert (defs["CHUNK"], defs["TILE"], defs["PITCH"], defs["NTHREADS"]) == \
         (cuda_grid.CHUNK, cuda_grid.TILE, cuda_grid.PITCH, cuda_grid.NTHREADS)
     assert (emulate.CHUNK, emulate.TILE) == (defs["CHUNK"], defs["TILE"])
     assert defs["NTHREADS"] == 16 * 16 and defs["CHUNK"] == defs["TILE"] == 4 * 16  # 4 x 4 per thread
-    step = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", cuda_build.source("recurrent_step.cu"))}
-    assert step["STEP_THREADS"] == cupy_backend.STEP_THREADS
-    tc = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", cuda_build.source("causal_dot_tc.cu"))}
+    step = dict(re.findall(r"#define (\w+) (\d+)", cuda_build.source("recurrent/recurrent_step.cu")))
+    step = {k: int(v) for k, v in step.items()}
+    assert step["STEP_THREADS"] == step_cuda.STEP_THREADS
+    tc = dict(re.findall(r"#define (\w+) (\d+)", cuda_build.source("causal_product/causal_dot_tc.cu")))
+    tc = {k: int(v) for k, v in tc.items()}
     assert (tc["TC_CHUNK"], tc["TC_TILE"], tc["TC_THREADS"]) == (defs["CHUNK"], defs["TILE"], defs["NTHREADS"])
     assert (tc["TC_P"], tc["TC_SP"]) == (cuda_grid.TC_P, cuda_grid.TC_SP) and tc["TC_P"] == emulate.TC_P
 
@@ -110,13 +114,14 @@ def test_the_staged_kernel_fits_three_blocks_per_h100_sm():
     """causal_dot_tc_staged.cu's kernels as ptxas compiles them for an H100 (sm_90): no spills, and
     registers (64K an SM, given out per warp in 256s) and shared memory (228 KiB an SM, 1 KiB
     reserved per block) for 3 blocks of 256 threads, where cdp_chunks_tc with the normaliser fits 2."""
-    usage = cuda_build.ptxas_usage("causal_dot_tc_staged.cu", "sm_90")
-    assert set(usage) == set(cuda_build.SOURCES["causal_dot_tc_staged.cu"])
+    usage = cuda_build.ptxas_usage("causal_product/causal_dot_tc_staged.cu", "sm_90")
+    assert set(usage) == set(cuda_build.SOURCES["causal_product/causal_dot_tc_staged.cu"])
     for instance, (regs, spills) in usage.items():
         per_block = -(-regs * 32 // 256) * 256 * cuda_grid.NTHREADS // 32
         assert spills == 0 and 65536 // per_block >= 3, (instance, regs, spills)
     assert (228 * 1024) // (cuda_grid.SMEM_STAGED + 1024) == 3
-    assert max(r for r, _ in cuda_build.ptxas_usage("causal_dot_tc.cu", "sm_90").values()) > 85  # the check can fail
+    plain = cuda_build.ptxas_usage("causal_product/causal_dot_tc.cu", "sm_90")
+    assert max(r for r, _ in plain.values()) > 85  # the check can fail
 
 
 def _np(*shape, rng):
@@ -168,15 +173,14 @@ def test_chunks_per_group_as_measured_on_the_h100():
 def test_backend_declines_cpu_tensors_with_a_reason(monkeypatch):
     q = torch.randn(1, 2, 5, 3)
     monkeypatch.delenv("REPRO_KERNEL", raising=False)
-    monkeypatch.setattr(cupy_backend, "GPU_VERIFIED", False)
-    assert "not yet verified on a GPU" in cupy_backend.unsupported_reason(q, q, q)
-    monkeypatch.setattr(cupy_backend, "GPU_VERIFIED", True)
+    with switched(gpu_verified=False):
+        assert "not yet verified on a GPU" in product_cuda.unsupported_reason(q, q, q)
     monkeypatch.setenv("REPRO_KERNEL", "cupy")
-    assert "CUDA tensors only" in cupy_backend.unsupported_reason(q, q, q)
+    assert "CUDA tensors only" in product_cuda.unsupported_reason(q, q, q)
     with pytest.raises(RuntimeError, match="REPRO_KERNEL=cupy"):
         select_backend(q, q, q)
     monkeypatch.setenv("REPRO_KERNEL", "torch")
-    assert "REPRO_KERNEL=torch" in cupy_backend.unsupported_reason(q, q, q)
+    assert "REPRO_KERNEL=torch" in product_cuda.unsupported_reason(q, q, q)
 
 
 def test_unforced_the_kernels_run_only_where_the_h100_measured_them_faster(monkeypatch):
@@ -186,27 +190,27 @@ def test_unforced_the_kernels_run_only_where_the_h100_measured_them_faster(monke
     torch path unless REPRO_KERNEL=cupy forces them (then only the device decides). The CPU
     tensors pass the gate and are then declined for their device: that is the gate's verdict."""
     monkeypatch.delenv("REPRO_KERNEL", raising=False)
-    monkeypatch.setattr(cupy_backend, "GPU_VERIFIED", True)
+    assert switches.current().gpu_verified  # the default: verified on the H100
     gated = "not measured faster"
     mk = lambda dtype, grad=False: torch.ones(1, 2, 5, 3, dtype=dtype, requires_grad=grad)  # noqa: E731
-    assert gated in cupy_backend.unsupported_reason(mk(torch.float32), mk(torch.float32), mk(torch.float32))
-    assert gated in cupy_backend.unsupported_reason(*(mk(torch.float16),) * 3)
-    assert "CUDA tensors only" in cupy_backend.unsupported_reason(*(mk(torch.bfloat16),) * 3)
+    assert gated in product_cuda.unsupported_reason(mk(torch.float32), mk(torch.float32), mk(torch.float32))
+    assert gated in product_cuda.unsupported_reason(*(mk(torch.float16),) * 3)
+    assert "CUDA tensors only" in product_cuda.unsupported_reason(*(mk(torch.bfloat16),) * 3)
     # float64 is no kernel dtype: the device check names that, not the speed table
-    assert "CUDA tensors only" in cupy_backend.unsupported_reason(*(mk(torch.float64),) * 3)
-    assert "CUDA tensors only" in cupy_backend.linear_attention_unsupported_reason(*(mk(torch.bfloat16),) * 3)
+    assert "CUDA tensors only" in product_cuda.unsupported_reason(*(mk(torch.float64),) * 3)
+    assert "CUDA tensors only" in normalised_cuda.unsupported_reason(*(mk(torch.bfloat16),) * 3)
     grads = (mk(torch.bfloat16, True), mk(torch.bfloat16), mk(torch.bfloat16))
-    assert "backward is slower" in cupy_backend.linear_attention_unsupported_reason(*grads)
+    assert "backward is slower" in normalised_cuda.unsupported_reason(*grads)
     with torch.no_grad():
-        assert "CUDA tensors only" in cupy_backend.linear_attention_unsupported_reason(*grads)
+        assert "CUDA tensors only" in normalised_cuda.unsupported_reason(*grads)
     q = torch.ones(1, 2, 3)
     S, Z = torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3)
-    assert gated in cupy_backend.step_unsupported_reason(q, q, q, S, Z)
+    assert gated in step_cuda.unsupported_reason(q, q, q, S, Z)
     monkeypatch.setenv("REPRO_KERNEL", "cupy")
     for args in [(mk(torch.float32),) * 3, (mk(torch.float16),) * 3]:
-        assert "CUDA tensors only" in cupy_backend.unsupported_reason(*args)
-    assert "CUDA tensors only" in cupy_backend.linear_attention_unsupported_reason(*grads)
-    assert "CUDA tensors only" in cupy_backend.step_unsupported_reason(q, q, q, S, Z)
+        assert "CUDA tensors only" in product_cuda.unsupported_reason(*args)
+    assert "CUDA tensors only" in normalised_cuda.unsupported_reason(*grads)
+    assert "CUDA tensors only" in step_cuda.unsupported_reason(q, q, q, S, Z)
 
 
 def test_linear_attention_step_on_cpu_still_matches_parallel():
@@ -227,36 +231,36 @@ def test_second_derivatives_of_the_ops_backward_functions_on_cpu(monkeypatch):
     one saves and runs _cdp_grad as its backward (so the gradients recurse through it, as they
     do through _cdp), the first-order backward ops by the same gradients in torch. gradcheck and
     gradgradcheck in float64; the kernels themselves are the GPU tests' part."""
-    from repro.kernels.chunked import causal_product_grads
+    from repro.kernels.causal_product.chunked import causal_product_grads
 
     class Cdp(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
-            cupy_backend._cdp_setup(ctx, (q, k, v), None)
+            product_cuda._cdp_setup(ctx, (q, k, v), None)
             return causal_dot_product_chunked(q, k, v)
 
         @staticmethod
         def backward(ctx, g):
-            return cupy_backend._cdp_grad(ctx, g)
+            return product_cuda._cdp_grad(ctx, g)
 
     class Cla(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, eps):
             out = causal_dot_product_chunked(q, k, torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1))
             y, den = out[..., :-1] / (out[..., -1:] + eps), out[..., -1]
-            cupy_backend._cla_setup(ctx, (q, k, v, eps), (y, den))
+            normalised_cuda._cla_setup(ctx, (q, k, v, eps), (y, den))
             return y, den
 
         @staticmethod
         def backward(ctx, g, g_den):
-            return cupy_backend._cla_grad(ctx, g, g_den)
+            return normalised_cuda._cla_grad(ctx, g, g_den)
 
     def no_derivative(fn):  # the backward ops have none: their results leave the graph
         return lambda *a: torch.no_grad()(fn)(causal_dot_product_chunked, *a)
 
-    monkeypatch.setattr(cupy_backend, "_cdp", Cdp.apply)
-    monkeypatch.setattr(cupy_backend, "cdp_backward", no_derivative(causal_product_grads))
-    monkeypatch.setattr(cupy_backend, "_cla_backward", no_derivative(cupy_backend.cla_grads))
+    monkeypatch.setattr(product_cuda, "_cdp", Cdp.apply)
+    monkeypatch.setattr(product_cuda, "cdp_backward", no_derivative(causal_product_grads))
+    monkeypatch.setattr(normalised_cuda, "_cla_backward", no_derivative(normalised_cuda.cla_grads))
     gen = torch.Generator().manual_seed(5)
     q, k = (torch.rand(1, 2, 11, 3, dtype=torch.float64, generator=gen).add(0.3).requires_grad_() for _ in range(2))
     v = torch.randn(1, 2, 11, 4, dtype=torch.float64, generator=gen, requires_grad=True)
@@ -269,7 +273,8 @@ def test_second_derivatives_of_the_ops_backward_functions_on_cpu(monkeypatch):
 @pytest.fixture
 def on_cupy(monkeypatch):
     monkeypatch.setenv("REPRO_KERNEL", "cupy")
-    monkeypatch.setattr(cupy_backend, "PREFILL", float("nan"))
+    with switched(prefill_nan=True):  # any output element a kernel fails to write shows up
+        yield
 
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -312,7 +317,7 @@ def test_causal_dot_product_matches_naive(on_cupy, shape, dtype):
                                                 (torch.bfloat16, True)])
 def test_launch_group_sizes_and_reverse(on_cupy, cpg, rev, dtype, tensor_cores):
     q, k, v = (x.detach()[0] for x in _inputs(1, 3, 390, 37, 80, dtype))  # (BH, N, X)
-    out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=cpg, tensor_cores=tensor_cores)
+    out, _ = product_cuda.launch(q, k, v, rev=rev, cpg=cpg, tensor_cores=tensor_cores)
     f = (lambda x: x.flip(1)) if rev else (lambda x: x)
     ref = f(causal_dot_product_naive(f(q), f(k), f(v)))
     assert rel_err(out, ref) <= TOL[dtype]
@@ -321,7 +326,7 @@ def test_launch_group_sizes_and_reverse(on_cupy, cpg, rev, dtype, tensor_cores):
 @needs_gpu
 @pytest.mark.parametrize("shape", [(1, 2, 200, 64, 64), (2, 1, 333, 130, 70), (1, 3, 390, 37, 80),
                                    (2, 2, 150, 8, 24), (1, 1, 100, 136, 16), (1, 2, 300, 32, 72)])
-def test_tensor_core_variants_are_the_same(on_cupy, monkeypatch, shape):
+def test_tensor_core_variants_are_the_same(on_cupy, shape):
     """BARE_SMEM (the bare product asks only the shared memory it uses), VEC_LOADS (Q and K
     tiles by 16-byte loads, where D % 8 == 0 and the rows are aligned; a misaligned tensor and
     odd D keep 2-byte loads) and STAGED (the pipelined kernel, where D <= 64, D and M are
@@ -336,16 +341,16 @@ def test_tensor_core_variants_are_the_same(on_cupy, monkeypatch, shape):
     runs = {}
     for bare, vec, staged in ((False, False, False), (True, False, False), (False, True, False), (True, True, False),
                               (False, False, True)):
-        for name, on in (("BARE_SMEM", bare), ("VEC_LOADS", vec), ("STAGED", staged)):
-            monkeypatch.setattr(cupy_backend, name, on)
-        before = cupy_backend.CALLS["staged"]
-        out = causal_dot_product(*inputs)
-        runs[bare, vec, staged] = (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)),
-                                   cupy_backend.launch(q, k, v, cpg=2, tensor_cores=True)[0],  # several groups
-                                   cupy_backend.launch(q_off, k, v, rev=True, tensor_cores=True)[0])
-        # the launches on (D, M): forward, grad v, the grouped one; on (M, D): grad q, grad k; never the misaligned one
-        assert cupy_backend.CALLS["staged"] - before == staged * (3 * takes(d, m) + 2 * takes(m, d))
-        _check_against_naive(causal_dot_product, causal_dot_product_naive, inputs, TOL[torch.bfloat16])
+        with switched(bare_smem=bare, vec_loads=vec, staged=staged):
+            before = CALLS["staged"]
+            out = causal_dot_product(*inputs)
+            runs[bare, vec, staged] = (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)),
+                                       product_cuda.launch(q, k, v, cpg=2, tensor_cores=True)[0],  # several groups
+                                       product_cuda.launch(q_off, k, v, rev=True, tensor_cores=True)[0])
+            # the launches on (D, M): forward, grad v, the grouped one; on (M, D): grad q, grad k; never the
+            # misaligned one
+            assert CALLS["staged"] - before == staged * (3 * takes(d, m) + 2 * takes(m, d))
+            _check_against_naive(causal_dot_product, causal_dot_product_naive, inputs, TOL[torch.bfloat16])
     for variant, got in runs.items():
         assert all(torch.equal(a, b) for a, b in zip(runs[False, False, False], got)), variant
 
@@ -355,7 +360,7 @@ def test_tensor_core_variants_are_the_same(on_cupy, monkeypatch, shape):
 def test_bf16_normaliser_both_kernels(on_cupy, tensor_cores):
     q, k, v = (x.detach()[0] for x in _inputs(1, 2, 300, 70, 90, torch.bfloat16, scale=0.5))
     q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
-    out, den = cupy_backend.launch(q, k, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
+    out, den = product_cuda.launch(q, k, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
     ref = _linear_reference(q[None].double(), k[None].double(), v[None].double())[0]
     assert rel_err(out, ref) <= 1e-2
     assert rel_err(den, torch.einsum("bnf,bnf->bn", q.double(), k.double().cumsum(1))) <= 1e-5
@@ -383,8 +388,8 @@ def test_fused_normaliser_matches_naive(on_cupy, shape, dtype):
     with torch.no_grad():  # positive features, as phi gives
         q.copy_(torch.nn.functional.elu(q) + 1)
         k.copy_(torch.nn.functional.elu(k) + 1)
-    assert cupy_backend.linear_attention_unsupported_reason(q, k, v) is None
-    fused = lambda q, k, v: cupy_backend.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    assert normalised_cuda.unsupported_reason(q, k, v) is None
+    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
     _check_against_naive(fused, _linear_reference, (q, k, v), TOL[dtype])
 
 
@@ -397,7 +402,7 @@ def test_second_derivatives_through_the_ops(on_cupy):
     with torch.no_grad():  # positive features, as phi gives
         q.copy_(torch.nn.functional.elu(q) + 1)
         k.copy_(torch.nn.functional.elu(k) + 1)
-    fused = lambda q, k, v: cupy_backend.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
     for fn, ref_fn in ((causal_dot_product, causal_dot_product_naive), (fused, _linear_reference)):
         g = torch.randn(2, 3, 130, 33, device="cuda")
         penalties = []
@@ -417,8 +422,8 @@ def test_fused_recurrent_step_matches_parallel(on_cupy, dtype):
     ref = _linear_reference(q.double(), k.double(), v.double())
     S = torch.zeros(b, h, d, m, device="cuda")
     Z = torch.zeros(b, h, d, device="cuda")
-    assert cupy_backend.step_unsupported_reason(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z) is None
-    steps = [cupy_backend.linear_attention_step(q[:, :, i], k[:, :, i], v[:, :, i], S, Z, 1e-6) for i in range(n)]
+    assert step_cuda.unsupported_reason(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z) is None
+    steps = [step_cuda.linear_attention_step(q[:, :, i], k[:, :, i], v[:, :, i], S, Z, 1e-6) for i in range(n)]
     assert rel_err(torch.stack(steps, 2), ref) <= TOL[dtype]
     assert rel_err(Z, k.double().sum(2)) <= 1e-5
 
@@ -444,16 +449,16 @@ def test_linear_attention_layer_uses_fused_ops_and_generates(on_cupy):
     from repro.attention.linear import LinearAttention
     layer = LinearAttention(d_model=64, n_heads=4).cuda().eval()
     x = torch.randn(2, 45, 64, device="cuda")
-    before = dict(cupy_backend.CALLS)
+    before = dict(CALLS)
     par = layer(x, causal=True)
-    assert cupy_backend.CALLS["causal_linear_attention"] == before.get("causal_linear_attention", 0) + 1
+    assert CALLS["causal_linear_attention"] == before.get("causal_linear_attention", 0) + 1
     assert rel_err(par.cpu(), _layer_reference(layer, x)) <= 1e-5
     state, steps = None, []
     with torch.no_grad():
         for i in range(x.shape[1]):
             y, state = layer.step(x[:, i], state)
             steps.append(y)
-    assert cupy_backend.CALLS["linear_attention_step"] == before.get("linear_attention_step", 0) + x.shape[1]
+    assert CALLS["linear_attention_step"] == before.get("linear_attention_step", 0) + x.shape[1]
     assert rel_err(torch.stack(steps, 1), par) <= 1e-5
 
 
@@ -470,11 +475,11 @@ def test_torch_compile_matches_eager_and_autocast(on_cupy):
     eager = layer(x, causal=True)
     eager_grads = torch.autograd.grad(eager, params, g)
     compiled = torch.compile(lambda x: layer(x, causal=True))
-    before = dict(cupy_backend.CALLS)
+    before = dict(CALLS)
     out = compiled(x)
     grads = torch.autograd.grad(out, params, g)
     for op in ("causal_linear_attention", "causal_linear_attention_backward"):
-        assert cupy_backend.CALLS[op] > before.get(op, 0), f"the compiled graph did not run {op}"
+        assert CALLS[op] > before.get(op, 0), f"the compiled graph did not run {op}"
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
     for name, a, b in zip(["x", *(n for n, _ in layer.named_parameters())], grads, eager_grads):
         assert rel_err(a, b) <= 1e-5, f"grad {name}"
@@ -487,11 +492,11 @@ def test_torch_compile_matches_eager_and_autocast(on_cupy):
 @pytest.mark.parametrize("shape", [(0, 2, 50, 8, 8), (2, 2, 50, 8, 0), (2, 2, 50, 0, 8)])
 def test_zero_sized_inputs_launch_nothing(on_cupy, shape):
     q, k, v = _inputs(*shape, torch.float32)
-    before = cupy_backend.CALLS["launch"]
+    before = CALLS["launch"]
     out = causal_dot_product(q, k, v)
     grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert out.shape == (*shape[:3], shape[4]) and not out.any() and all(not gr.any() for gr in grads)
-    assert cupy_backend.CALLS["causal_dot_product"] > 0 and cupy_backend.CALLS["launch"] == before
+    assert CALLS["causal_dot_product"] > 0 and CALLS["launch"] == before
 
 
 # The realistic grid: B = H = 8 (B*H = 64 blocks per group), D = M = 64, N = 16k; the
@@ -529,8 +534,8 @@ def test_tensor_cores_against_fma_on_the_same_bf16_inputs(on_cupy, rev):
     both within bf16 tolerance of float64, and of each other; they differ (the tensor-core one
     rounds its intermediate products to bf16), so both really ran."""
     q, k, v = (x.flatten(0, 1)[:, :4096].contiguous() for x in _big_inputs(torch.bfloat16))  # (BH, N, X)
-    tc, _ = cupy_backend.launch(q, k, v, rev=rev, tensor_cores=True)
-    fma, _ = cupy_backend.launch(q, k, v, rev=rev, tensor_cores=False)
+    tc, _ = product_cuda.launch(q, k, v, rev=rev, tensor_cores=True)
+    fma, _ = product_cuda.launch(q, k, v, rev=rev, tensor_cores=False)
     f = (lambda x: x.flip(1)) if rev else (lambda x: x)
     ref = f(causal_dot_product_chunked(*(f(x).double() for x in (q, k, v))))
     assert rel_err(tc, ref) <= 1e-2 and rel_err(fma, ref) <= 1e-2
@@ -654,7 +659,7 @@ def test_kernels_and_their_tests_need_no_hydra():
                 if name.split(".")[0] in ("hydra", "omegaconf"):
                     raise ImportError(f"{name} is blocked for this test")
         sys.meta_path.insert(0, Block())
-        import repro.kernels, repro.reproduction.bench, repro.kernels.cupy_backend, repro.reproduction.peers
+        import repro.kernels, repro.reproduction.bench, repro.kernels.causal_product.cuda, repro.reproduction.peers
         import pytest
         sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:hydra_pytest", "tests/test_cupy_kernels.py",
                               "-k", "step_on_cpu or fakes or bench_runs"]))
@@ -698,13 +703,13 @@ def test_zero_sized_launch_returns_without_a_grid():
     """B*H = 0, M = 0 or D = 0 would be a zero grid (an invalid launch): the sums are empty or
     zero, and launch returns them without touching the GPU (so this runs on CPU tensors)."""
     q, k = torch.randn(0, 5, 3), torch.randn(0, 5, 3)
-    out, den = cupy_backend.launch(q, k, torch.randn(0, 5, 4), norm=True)
+    out, den = product_cuda.launch(q, k, torch.randn(0, 5, 4), norm=True)
     assert out.shape == (0, 5, 4) and den.shape == (0, 5)
     q, k = torch.rand(2, 5, 3, dtype=torch.float64), torch.rand(2, 5, 3, dtype=torch.float64)
-    out, den = cupy_backend.launch(q, k, torch.randn(2, 5, 0, dtype=torch.float64), norm=True)
+    out, den = product_cuda.launch(q, k, torch.randn(2, 5, 0, dtype=torch.float64), norm=True)
     assert out.shape == (2, 5, 0)
     torch.testing.assert_close(den, torch.einsum("bnd,bnd->bn", q, k.cumsum(1)).float())
-    out, _ = cupy_backend.launch(torch.randn(2, 5, 0), torch.randn(2, 5, 0), torch.randn(2, 5, 4))
+    out, _ = product_cuda.launch(torch.randn(2, 5, 0), torch.randn(2, 5, 0), torch.randn(2, 5, 4))
     assert out.shape == (2, 5, 4) and not out.any()
 
 
@@ -713,7 +718,7 @@ def test_streams_go_through_the_cuda_stream_protocol():
     (no GPU needed to build one over the legacy default stream, handle 0)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        stream = cupy_backend.cupy_stream(0)
+        stream = cupy_stream(0)
     assert stream.ptr == 0
 
 
@@ -800,7 +805,7 @@ def test_ops_trace_with_fake_cuda_tensors():
     with FakeTensorMode():
         q, k = (torch.empty(2, 3, 37, 5, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         v = torch.empty(2, 3, 37, 7, device="cuda", dtype=torch.bfloat16)
-        out = cupy_backend.causal_dot_product(q, k, v)
+        out = product_cuda.causal_dot_product(q, k, v)
         assert out.shape == (2, 3, 37, 7) and out.dtype == torch.bfloat16
         grads = torch.ops.repro.causal_dot_product_backward(q, k, v, out)
         assert [(g.shape, g.dtype) for g in grads] == [(x.shape, x.dtype) for x in (q, k, v)]
@@ -810,7 +815,7 @@ def test_ops_trace_with_fake_cuda_tensors():
         grads = torch.ops.repro.causal_linear_attention_backward(q, k, v, y, den, y, None, 1e-6)
         assert [(g.shape, g.dtype) for g in grads] == [(x.shape, x.dtype) for x in (q, k, v)]
         S, Z = torch.empty(2, 3, 5, 7, device="cuda"), torch.empty(2, 3, 5, device="cuda")
-        step = cupy_backend.linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z, 1e-6)
+        step = step_cuda.linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], S, Z, 1e-6)
         assert step.shape == (2, 3, 7) and step.dtype == torch.bfloat16
 
 

@@ -1,4 +1,4 @@
-"""The fused CPU kernel's build cache (repro/kernels/cpu_build.py): a cached library is loaded only
+"""The fused CPU kernel's build cache (repro/kernels/plumbing/cpu_build.py): a cached library is loaded only
 when it is whole, for this machine, holds the entry points and is this user's alone; anything else
 is rebuilt with one line on stderr, or refused, never a crash. Its name tells CPUs and compilers
 apart. The compiler here is a stand-in that copies one really built library (so one real build in
@@ -17,7 +17,8 @@ from run_cli import ENV, SMOKE_COPY, run_py
 
 from repro.common.errors import ConfigError
 from repro.common.results import REPO
-from repro.kernels import backend, cpu_build, cpu_native
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.plumbing import backend, cpu_build
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def test_a_bad_cached_library_is_rebuilt(cache, built, capsys, monkeypatch, why)
 def test_a_truncated_library_is_rebuilt_not_a_sigbus(cache, built):
     """A library cut short used to kill every later process with SIGBUS inside dlopen, without a
     word; now the file is read first, and rebuilt. Run in child processes: the old code's crash."""
-    code = "from repro.kernels import cpu_native; print(cpu_native.unavailable())"
+    code = "from repro.kernels.causal_product import cpu_native; print(cpu_native.unavailable())"
     run = lambda: subprocess.run([sys.executable, "-c", code], cwd=REPO, env=os.environ.copy(),  # noqa: E731
                                  capture_output=True, text=True, timeout=300)
     first = run()

@@ -2,15 +2,9 @@
 import pytest
 import torch
 
-from repro.kernels import (
-    causal_dot_product,
-    causal_dot_product_chunked,
-    causal_dot_product_loop,
-    causal_dot_product_naive,
-    cpu_native,
-    default_chunk_size,
-    select_backend,
-)
+from repro.kernels import causal_dot_product, causal_dot_product_chunked, default_chunk_size, select_backend
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.causal_product.reference import causal_dot_product_loop, causal_dot_product_naive
 
 SHAPES = [  # (B, H, N, D, M): N = 1, N below / not a multiple of / far past the chunk, D != M
     (1, 1, 1, 4, 4),
@@ -179,7 +173,7 @@ def test_a_non_finite_input_reaches_only_the_rows_causality_allows(monkeypatch, 
     zeros times inf, in the scan's triangular matmul and the intra-chunk products). Rows it does
     not reach equal the naive formula's on the inputs with that row zeroed (finite); rows it
     reaches are not finite. One row per group of rows, the groups on 1 or 2 host threads."""
-    from repro.kernels import chunked
+    from repro.kernels.causal_product import chunked
 
     monkeypatch.setattr(chunked, "GROUP_CHUNKS", 1)
     gen = torch.Generator().manual_seed(n)

@@ -1,5 +1,5 @@
 """Causal linear attention with the normaliser folded into the product (one pass over [v, 1],
-repro/kernels/normalised.py) against the unfused float64 formula, through the layer a model uses:
+repro/kernels/normalised/attention.py) against the unfused float64 formula, through the layer a model uses:
 forward and backward, fp32, bf16 and fp16 (the sums in fp32, only the normalised output rounded),
 and second derivatives (gradgradcheck, a gradient penalty)."""
 import pytest
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from repro.attention import LinearAttention
-from repro.kernels.normalised import causal_linear_attention
+from repro.kernels.normalised.attention import causal_linear_attention
 
 
 def unfused(layer, x):

@@ -158,7 +158,9 @@ def test_the_dispatchers_backward_against_the_naive_formula(monkeypatch):
     calls): against autograd through the naive (N, N) formula, only the gradients asked for; and
     routed to the CuPy backend's backward where the forward would run there."""
     import repro.kernels as kernels
-    from repro.kernels import causal_dot_product_backward, causal_dot_product_naive, cupy_backend
+    from repro.kernels import causal_dot_product_backward
+    from repro.kernels.causal_product import cuda as cupy_backend
+    from repro.kernels.causal_product.reference import causal_dot_product_naive
 
     gen = torch.Generator().manual_seed(6)
     q, k = (torch.randn(2, 3, 75, 4, dtype=torch.float64, generator=gen).requires_grad_() for _ in range(2))
@@ -183,12 +185,12 @@ def test_the_dispatchers_backward_against_the_naive_formula(monkeypatch):
 @pytest.mark.parametrize("feature_map", ["elu", "relu", "favor"])
 @pytest.mark.parametrize("need", ["qkv", "q", "kv"])
 def test_blocked_backward_matches_the_float64_formula(monkeypatch, workspace, causal, padded, feature_map, need):
-    """The bounded-workspace paths (repro.kernels.blocked) forced at N = 150 (C = 32: a partial
+    """The bounded-workspace paths (repro.kernels.normalised.blocked) forced at N = 150 (C = 32: a partial
     last chunk): workspace 1 byte takes every row in blocks of one chunk, twice (the chunk
     products' scans first), 500 kB groups of rows in one pass; forward and the gradients of
     the inputs that need one against the formula by autograd, on the thread pool where torch has
     more than one thread (the feature maps without a closed form take autograd there)."""
-    from repro.kernels import blocked
+    from repro.kernels.normalised import blocked
 
     monkeypatch.setattr(blocked, "default_workspace", lambda q: workspace)
     gen = torch.Generator().manual_seed(11)
@@ -206,7 +208,7 @@ def test_a_non_finite_key_in_blocks_reaches_only_later_gradients(monkeypatch):
     """An inf in k at position 40 of 150, in blocks of one chunk: the safe scans keep it to the
     rows causality lets it reach; the gradient of q before it is finite and equals that of the
     first 40 tokens alone."""
-    from repro.kernels import blocked
+    from repro.kernels.normalised import blocked
 
     monkeypatch.setattr(blocked, "default_workspace", lambda q: 1)
     gen = torch.Generator().manual_seed(12)
@@ -249,10 +251,10 @@ def layer_peaks(n, dtype, causal):
 def test_the_layers_peak_memory_is_sdpas_plus_at_most_one_workspace(n, dtype, causal):
     """Forward + backward of one layer as the benchmark runs it (d_model 256, 8 heads, 4,096
     tokens: batch 4096 / N), the peak of bytes held by torch's allocator, exact (profiler), at one
-    thread: linear at most SDPA softmax's plus repro.kernels.blocked.WORKSPACE_BYTES (8 MiB:
+    thread: linear at most SDPA softmax's plus repro.kernels.normalised.blocked.WORKSPACE_BYTES (8 MiB:
     39.7-41.2 MiB against SDPA's 36.3-37.1 in fp32; it was 56-58 MiB, holding full-size phi(Q),
     phi(K), [v, 1] and their gradients at once: 20 MiB over SDPA's)."""
-    from repro.kernels.blocked import WORKSPACE_BYTES
+    from repro.kernels.normalised.blocked import WORKSPACE_BYTES
 
     sdpa, linear = layer_peaks(n, dtype, causal)
     assert sdpa > 8 * 4096 * 256 * dtype.itemsize  # the count sees the pass: q, k, v, y, grads
@@ -265,9 +267,9 @@ def test_a_layers_own_workspace_bounds_its_peak_and_changes_no_value(monkeypatch
     1 MiB takes the same rows in more groups (and blocks) than 8 MiB; outputs and input gradients
     are the same to rounding, the exact allocator peak is over 2 MiB lower (2.9 measured, causal or
     not), and the default (half of q's 4 MiB here) lies between (d_model 256, 8 heads, N = 1024,
-    batch 4, fp32, 1 thread); a bad value is one line. Causal, repro.kernels.blocked's path (the
+    batch 4, fp32, 1 thread); a bad value is one line. Causal, repro.kernels.normalised.blocked's path (the
     workspace's) with the fused layer kernel, which holds no workspace, turned off."""
-    from repro.kernels import cpu_layer
+    from repro.kernels.normalised import cpu_layer
     from repro.training.memory import peak_allocated_bytes
 
     monkeypatch.setattr(cpu_layer, "applies", lambda *a: False)
@@ -300,7 +302,7 @@ def test_a_layers_own_workspace_bounds_its_peak_and_changes_no_value(monkeypatch
 def test_the_default_workspace_follows_the_problem():
     """Unset, the budget is 8 MiB, or half of q's fp32 bytes when that is less (at least 64 KiB):
     the layer benchmark's 4,096 tokens x 256 keep 8 MiB, the small presets' models get less."""
-    from repro.kernels.blocked import default_workspace
+    from repro.kernels.normalised.blocked import default_workspace
 
     assert default_workspace(torch.empty(4, 8, 1024, 32)) == 2 << 20  # q of 4 MiB
     assert default_workspace(torch.empty(16, 8, 1024, 32)) == 8 << 20  # q of 16 MiB: the cap

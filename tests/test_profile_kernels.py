@@ -47,29 +47,29 @@ def test_refuses_without_a_gpu_in_one_line(monkeypatch, capsys):
 def test_switches_turn_variants_on_for_every_part_and_keep_their_files_apart(tmp_path, monkeypatch):
     """--switch STAGED: the parts (and ncu's child process) run with the variant on, their rows say
     so, and their files go to a folder of their own beside the plain runs'."""
-    from repro.kernels import cupy_backend
+    from repro.kernels.plumbing import switches
 
-    monkeypatch.setattr(cupy_backend, "STAGED", False)  # restored after the test
+    monkeypatch.delenv(switches.ENV, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(profile_kernels, "provenance", lambda device: {"device": "Fake GPU"})
     seen = {}
     monkeypatch.setattr(profile_kernels, "kernels_part",
                         lambda args, base, out_dir, backend, device: seen.update(
-                            staged=backend.STAGED, base=base, out_dir=out_dir))
+                            staged=switches.current().staged, base=base, out_dir=out_dir))
     monkeypatch.setattr(profile_kernels, "run_ncu", lambda out_dir, n, timeout_s, switches=(): seen.update(
         ncu=(out_dir, list(switches))) or "ncu ok")
     assert profile_kernels.main(["--parts", "kernels", "--switch", "STAGED", "--ncu", "--out-dir", str(tmp_path)]) == 0
     assert seen["staged"] is True and seen["base"]["switches"] == "STAGED"
     assert seen["out_dir"] == str(tmp_path / "STAGED") == seen["ncu"][0] and seen["ncu"][1] == ["STAGED"]
     seen.clear()
-    cupy_backend.STAGED = False
+    assert switches.current().staged is False  # the switch held for main's parts alone
     assert profile_kernels.main(["--parts", "kernels", "--out-dir", str(tmp_path)]) == 0
     assert seen["staged"] is False and seen["base"]["switches"] == "" and seen["out_dir"] == str(tmp_path)
 
 
 def test_one_call_runs_forward_and_backward_of_the_op():
-    from repro.kernels.reference import causal_dot_product_naive
+    from repro.kernels.causal_product.reference import causal_dot_product_naive
     from repro.reproduction.bench import one_call
 
     (q, k, v), up = profile_kernels.inputs(1, 2, 9, 4, 3, torch.float64, torch.device("cpu"), grad=True)
@@ -81,7 +81,7 @@ def test_one_call_runs_forward_and_backward_of_the_op():
 
 
 def test_group_counts_run_from_one_group_to_many_each_count_once():
-    from repro.kernels import cuda_grid
+    from repro.kernels.plumbing import cuda_grid
 
     for n_chunks in (1, 5, 64, 256, 1024):
         counts = profile_kernels.group_counts(n_chunks)
@@ -158,7 +158,7 @@ def test_model_part_trains_each_model_a_step_and_writes_its_kernels(tmp_path, mo
 def test_host_paths_call_each_layer_of_the_launch_path():
     """Each host path calls what it names: the bare launch on (BH, N, X) tensors, the op without
     autograd, the backward op directly, and the op through autograd (with gradients)."""
-    from repro.kernels.reference import causal_dot_product_naive
+    from repro.kernels.causal_product.reference import causal_dot_product_naive
 
     calls = []
 
@@ -186,21 +186,25 @@ def test_variants_part_interleaves_the_switches_and_restores_them(tmp_path, monk
     import pandas as pd
 
     from repro.common.results import provenance
+    from repro.kernels.plumbing import switches
 
     seen = []
 
     def launch(q, k, v, tensor_cores):
-        seen.append(tuple(name for name in profile_kernels.SWITCHES if getattr(fake, name) is True))
-        return (q + (1.0 if fake.VEC_LOADS is True and fake.BARE_SMEM is True else 0.0), None)  # one differs
+        on = switches.current()
+        seen.append(tuple(name for name in profile_kernels.SWITCHES if getattr(on, name.lower())))
+        return (q + (1.0 if on.vec_loads and on.bare_smem else 0.0), None)  # one differs
 
     def backward(q, k, v, g):
-        return q, k, v * (2.0 if fake.STAGED is True else 1.0)  # and one differs in the backward only
+        return q, k, v * (2.0 if switches.current().staged else 1.0)  # and one differs in the backward only
 
-    fake = SimpleNamespace(BARE_SMEM="was-a", VEC_LOADS="was-b", STAGED="was-c", launch=launch,
-                           cdp_backward=backward)
+    fake = SimpleNamespace(launch=launch, cdp_backward=backward)
+    was = switches.Switches(bare_smem=True, vec_loads=False, staged=True)
     monkeypatch.setattr(profile_kernels, "event_ms", lambda fn: (fn(), 1.5)[1])
     args = argparse.Namespace(lengths=[16, 32])
-    profile_kernels.variants_part(args, provenance(torch.device("cpu")), str(tmp_path), fake, torch.device("cpu"))
+    with switches.switched("bare_smem,staged"):
+        profile_kernels.variants_part(args, provenance(torch.device("cpu")), str(tmp_path), fake, torch.device("cpu"))
+        assert switches.current() == was
     df = pd.read_csv(tmp_path / "tc_variants.csv")
     n_var = len(profile_kernels.VARIANTS)
     assert len(df) == 2 * 3 * n_var * 2 and list(df["round"][:2 * n_var]) == [0] * 2 * n_var
@@ -210,5 +214,4 @@ def test_variants_part_interleaves_the_switches_and_restores_them(tmp_path, monk
     assert list(first.same_output[first["pass"] == "fwd"]) == [True, True, True, False, True] * 2  # both lengths
     assert list(first.same_output[first["pass"] == "bwd"]) == [True, True, True, True, False] * 2
     assert list(first.staged[first["pass"] == "fwd"]) == ([False] * 4 + [True]) * 2
-    assert (fake.BARE_SMEM, fake.VEC_LOADS, fake.STAGED) == ("was-a", "was-b", "was-c")
     assert set(seen) == set(profile_kernels.VARIANTS)

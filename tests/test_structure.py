@@ -188,16 +188,17 @@ def test_the_circle_and_private_checks_can_fail(tmp_path):
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
     bad = tmp_path / "probe.py"
-    bad.write_text("from repro.kernels.threads import _x\nfrom repro.kernels import chunked\n"
+    bad.write_text("from repro.kernels.plumbing.threads import _x\nfrom repro.kernels.causal_product import chunked\n"
                    "def f():\n    return chunked._y\n")
     edges, private = module_edges(bad, me="probe")
-    assert "repro.kernels.chunked" in edges and "repro.kernels.threads" in edges
-    assert private == ["from repro.kernels.threads import _x", "repro.kernels.chunked._y"]
+    assert "repro.kernels.causal_product.chunked" in edges and "repro.kernels.plumbing.threads" in edges
+    assert private == ["from repro.kernels.plumbing.threads import _x", "repro.kernels.causal_product.chunked._y"]
 
 
 def test_the_package_builds_with_its_cuda_sources(tmp_path):
-    """pyproject.toml: `pip install -e .` and a wheel take every package of repro/ and the .cu
-    sources beside the CuPy wrapper (built here offline, with the venv's own setuptools)."""
+    """pyproject.toml: `pip install -e .` and a wheel take every package of repro/ and the kernels'
+    C and CUDA sources and headers in their op and plumbing folders (built here offline, with the
+    venv's own setuptools)."""
     import zipfile
 
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
@@ -209,14 +210,53 @@ def test_the_package_builds_with_its_cuda_sources(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = {p.relative_to(REPO).as_posix() for p in PACKAGE.rglob("*.py")}
     assert packages <= names, sorted(packages - names)
-    assert {p.relative_to(REPO).as_posix() for p in (PACKAGE / "kernels").glob("*.c*")} <= names  # .cu, .cuh, .c
+    sources = {p.relative_to(REPO).as_posix() for p in (PACKAGE / "kernels").rglob("*")
+               if p.suffix in (".c", ".h", ".cu", ".cuh")}
+    assert len(sources) >= 8 and sources <= names, sorted(sources - names)
 
 
 def test_the_kernel_choice_is_read_in_one_place():
-    """REPRO_KERNEL is read by repro.kernels.backend alone; every path asks it (the CPU-speed
+    """REPRO_KERNEL is read by repro.kernels.plumbing.backend alone; every path asks it (the CPU-speed
     benchmark sets it, around the calls it times on the PyTorch pieces)."""
     import re
 
     read = re.compile(r"""(environ\.get\(|environ\[|getenv\()\s*["']REPRO_KERNEL""")
     readers = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py") if read.search(p.read_text()))
-    assert readers == ["repro/kernels/backend.py"], readers
+    assert readers == ["repro/kernels/plumbing/backend.py"], readers
+
+
+def test_the_kernel_switches_are_read_in_one_place():
+    """REPRO_KERNEL_SWITCHES (the CUDA kernels' variants) is read by repro.kernels.plumbing.switches
+    alone, and no module keeps a variant as a global of its own that callers patch."""
+    import re
+
+    read = re.compile(r"""(environ\.get\(|environ\[|getenv\()\s*(["']REPRO_KERNEL_SWITCHES|ENV\b)""")
+    readers = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py") if read.search(p.read_text()))
+    assert readers == ["repro/kernels/plumbing/switches.py"], readers
+    patched = re.compile(r"^(GPU_VERIFIED|TENSOR_CORES|BARE_SMEM|VEC_LOADS|STAGED|PREFILL)\s*=", re.M)
+    assert not [str(p) for p in PACKAGE.rglob("*.py") if patched.search(p.read_text())]
+
+
+# repro/kernels/: one folder per op family, and the plumbing they share; nothing else but the
+# package's own __init__ (the ops and their dispatcher)
+KERNEL_FOLDERS = ("causal_product", "normalised", "gated", "delta", "recurrent", "plumbing")
+
+
+def misplaced_kernel_files(kernels: Path) -> list[str]:
+    """The files under `kernels` that sit in no op folder nor the plumbing folder."""
+    return sorted(p.relative_to(kernels).as_posix() for p in kernels.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and p.relative_to(kernels).as_posix() != "__init__.py"
+                  and p.relative_to(kernels).parts[0] not in KERNEL_FOLDERS)
+
+
+def test_every_kernel_module_lives_in_an_op_folder_or_the_plumbing(tmp_path):
+    kernels = PACKAGE / "kernels"
+    assert not misplaced_kernel_files(kernels)
+    assert all((kernels / f / "__init__.py").exists() for f in KERNEL_FOLDERS)
+    assert sorted(p.name for p in kernels.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(KERNEL_FOLDERS)
+    # the check fails on a flat layout: modules and sources beside the package's __init__
+    flat = tmp_path / "kernels"
+    (flat / "plumbing").mkdir(parents=True)
+    for name in ("__init__.py", "chunked.py", "causal_dot.cu", "plumbing/threads.py"):
+        (flat / name).write_text("")
+    assert misplaced_kernel_files(flat) == ["causal_dot.cu", "chunked.py"]

@@ -1,8 +1,8 @@
 """The successors' ops (repro.kernels: gated_causal_dot_product, delta_rule_dot_product) against
-their float64 recurrences (repro.kernels.reference), forward and backward: odd lengths that are no
+their float64 recurrences (repro.kernels.causal_product.reference), forward and backward: odd lengths that are no
 multiple of the chunk, D != M, gradcheck, decays that underflow over long sequences and chunks
 that decay past the midpoint split's range (the exact path), causality by perturbation, bf16
-against fp32, and the one-line errors. Their Function (repro.kernels.gated.RecomputedChunks) keeps
+against fp32, and the one-line errors. Their Function (repro.kernels.gated.chunked.RecomputedChunks) keeps
 its inputs alone for backward and recomputes the chunks a group at a time: groups of one chunk
 and of a few, the gradients of any subset of the inputs, second derivatives, one tensor passed
 as both q and k under create_graph."""
@@ -10,14 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from repro.kernels import (
-    delta_rule_dot_product,
-    delta_rule_loop,
-    gated,
-    gated_causal_dot_product,
-    gated_causal_dot_product_loop,
-)
-from repro.kernels.gated import SPLIT_SPAN
+from repro.kernels import delta_rule_dot_product, gated_causal_dot_product
+from repro.kernels.delta.reference import delta_rule_loop
+from repro.kernels.gated import chunked as gated
+from repro.kernels.gated.chunked import SPLIT_SPAN
+from repro.kernels.gated.reference import gated_causal_dot_product_loop
 from repro.training.memory import saved_bytes
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from repro.attention import LinearAttention, successors
 from repro.conf import compose_group
-from repro.kernels import gated
+from repro.kernels.gated import chunked as gated
 from repro.training.memory import saved_bytes
 
 NAMES = ["retention", "gla", "delta"]

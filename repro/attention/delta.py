@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.attention.successors import SuccessorAttention, accumulation_dtype, new_state
+from repro.attention.successors import SuccessorAttention, new_state
 from repro.kernels import delta_rule_dot_product
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 FEATURE_MAPS = {"silu": F.silu, "elu1": lambda x: F.elu(x) + 1, "relu": F.relu, "identity": lambda x: x}
 

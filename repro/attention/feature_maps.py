@@ -51,7 +51,7 @@ class FeatureMap(nn.Module):
     # be overwritten), for maps with such a closed form; 0 where phi is 0 (padded keys). None:
     # autograd through phi (the linear layer's backward, repro.attention.linear).
     grad_from_phi = None
-    # True where the linear layer's fused CPU kernel (repro.kernels.cpu_layer) computes this map
+    # True where the linear layer's fused CPU kernel (repro.kernels.normalised.cpu_layer) computes this map
     # itself, inside the kernel: elu + 1 only (a subclass that changes forward must set it False).
     fused_cpu = False
 

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.attention.successors import SuccessorAttention, accumulation_dtype, new_state
+from repro.attention.successors import SuccessorAttention, new_state
 from repro.kernels import gated_causal_dot_product
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 
 class GatedLinearAttention(SuccessorAttention):

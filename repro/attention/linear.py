@@ -9,7 +9,7 @@ _RecomputedAttention, keeps only q, k, v (views of the projections' outputs), th
 storage the output projection keeps too) and 1 / (den + eps), and recomputes phi(Q), phi(K) and
 [v, 1] in its backward, so that the layer keeps no more than SDPA softmax's (x, q, k, v, the
 output and a log-sum-exp). Causal fp32 calls with phi = elu + 1 on the CPU run both passes in one
-fused kernel (repro.kernels.cpu_layer), which makes phi and [v, 1] a chunk at a time and holds
+fused kernel (repro.kernels.normalised.cpu_layer), which makes phi and [v, 1] a chunk at a time and holds
 nothing else. Under create_graph (second derivatives) that backward runs the
 differentiable formula instead (_attend_autograd), so the gradients are differentiable in turn.
 """
@@ -17,11 +17,12 @@ import torch
 
 from repro.attention.base import AttentionLayer
 from repro.attention.feature_maps import EluFeatureMap
-from repro.kernels import cpu_layer, cupy_for
-from repro.kernels.blocked import WORKSPACE_BYTES, normalised_backward, normalised_forward
-from repro.kernels.normalised import accumulation_dtype as _acc
-from repro.kernels.normalised import causal_linear_attention
-from repro.kernels.recurrent import LinearState, linear_attention_step, new_state
+from repro.kernels import cupy_for
+from repro.kernels.normalised import cpu_layer
+from repro.kernels.normalised.attention import causal_linear_attention
+from repro.kernels.normalised.blocked import WORKSPACE_BYTES, normalised_backward, normalised_forward
+from repro.kernels.plumbing.dtypes import accumulation_dtype
+from repro.kernels.recurrent.step import LinearState, linear_attention_step, new_state
 
 __all__ = ["LinearAttention", "LinearState"]
 
@@ -31,7 +32,7 @@ def _buffer_versions(module):
 
 
 def _feature_fns(layer, mask, acc):
-    """The feature map as repro.kernels.blocked takes it: phi of a slice of q or k (padded keys
+    """The feature map as repro.kernels.normalised.blocked takes it: phi of a slice of q or k (padded keys
     zeroed), in acc; and x's gradient from phi's, by the map's closed form in phi where it has one
     (elu + 1: d phi / dx = min(phi, 1), in place, with no graph), else by autograd through the
     graph recorded when phi was taken."""
@@ -61,11 +62,11 @@ class _RecomputedAttention(torch.autograd.Function):
     keeping q, k, v, y and inv = 1 / (den + eps) (B, H, N, 1) for backward. phi(Q), phi(K) and
     [v, 1] are recomputed there: a few elementwise passes, against 2 N F + N (M + 1) values
     per head kept otherwise (the product's chunk states, about N D M / C more, are recomputed
-    too, by one matmul and a scan). Both passes run in bounded workspace (repro.kernels.blocked)."""
+    too, by one matmul and a scan). Both passes run in bounded workspace (repro.kernels.normalised.blocked)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, key_padding_mask, layer):
-        acc = _acc(q.dtype)
+        acc = accumulation_dtype(q.dtype)
         fused = cpu_layer.applies(q, k, v, causal, layer.feature_map)
         out = cpu_layer.forward(q, k, v, key_padding_mask, layer.eps) if fused else None
         if out is None:  # elsewhere, or an inf or NaN in k or v: the exact path
@@ -117,7 +118,7 @@ class LinearAttention(AttentionLayer):
                              f"{WORKSPACE_BYTES / 2**20:g} MiB, less for a small problem); got {workspace_mb}")
         self.feature_map = (feature_map or EluFeatureMap)(self.d_keys)
         self.eps = eps
-        # MiB per thread for the CPU passes' intermediates (repro.kernels.blocked): smaller lowers
+        # MiB per thread for the CPU passes' intermediates (repro.kernels.normalised.blocked): smaller lowers
         # the peak toward SDPA softmax's and costs speed (more, smaller groups; docs/attention.md).
         # In bytes, at least 1 (0 would read as the default).
         self.workspace = None if workspace_mb is None else max(1, int(workspace_mb * 2**20))
@@ -147,7 +148,7 @@ class LinearAttention(AttentionLayer):
         Function returns no gradient for them), not where the fused CUDA kernel runs."""
         if torch.compiler.is_compiling() or any(p.requires_grad for p in self.feature_map.parameters()):
             return False
-        return not (causal and cupy_for("linear_attention_unsupported_reason", q, k, v))
+        return not (causal and cupy_for("normalised", q, k, v))
 
     def attend(self, q, k, v, causal, key_padding_mask):
         if self._recomputes(q, k, v, causal):
@@ -160,7 +161,7 @@ class LinearAttention(AttentionLayer):
         phi_q, phi_k = self._phi(q, k, key_padding_mask)
         if causal:  # sums over j <= i: the kernel dispatcher picks the path
             return causal_linear_attention(phi_q, phi_k, v, self.eps)  # (B, H, N, M)
-        acc = _acc(phi_q.dtype)
+        acc = accumulation_dtype(phi_q.dtype)
         phi_q, phi_k = phi_q.to(acc), phi_k.to(acc)
         S = phi_k.transpose(-1, -2) @ v.to(acc)  # (B, H, F, M): sum_j phi(K_j) V_j^T
         Z = phi_k.sum(2)  # (B, H, F): sum_j phi(K_j)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from repro.attention.base import AttentionLayer
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 
 @dataclass
@@ -32,7 +33,7 @@ class LocalAttention(AttentionLayer):
         b, h, n, d = q.shape
         w = self.window
         pad = (-n) % w
-        dtype, acc = v.dtype, (torch.float64 if q.dtype == torch.float64 else torch.float32)
+        dtype, acc = v.dtype, accumulation_dtype(q.dtype)
         q, k, v = (F.pad(t, (0, 0, 0, pad)).to(acc).unflatten(2, (-1, w)) for t in (q, k, v))  # (B, H, nb, w, X)
         nb = q.shape[2]
         valid = torch.arange(n + pad, device=q.device) < n

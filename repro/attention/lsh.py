@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from repro.attention.base import AttentionLayer
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 COMBINE = ("lse", "mean")
 PLANES = ("per_head", "shared")
@@ -118,7 +119,7 @@ class LSHAttention(AttentionLayer):
         b, h, npad, d = q.shape
         c = self.chunk_size
         nc = npad // c
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(q.dtype)
 
         def chunks(t):  # sorted, (B, H, Np, X) -> (B, H, nc, C, X)
             return t.gather(2, perm[..., None].expand(-1, -1, -1, t.shape[-1])).to(acc).unflatten(2, (nc, c))

@@ -4,6 +4,7 @@ import torch
 
 from repro.attention.base import AttentionLayer
 from repro.common.errors import ConfigError
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 CAUSAL_CONFIGS = "softmax, softmax-math, linear"
 
@@ -13,7 +14,7 @@ def masked_softmax(logits, keep, dim: int = -1):
     keeps all). Masked entries get probability 0; a row with nothing kept is all zeros rather
     than NaN, so padded rows stay finite and cannot poison later layers. Computed in fp32
     (fp64 for fp64) and returned in the logits' dtype."""
-    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(logits.dtype)
     if keep is None:
         return torch.softmax(logits, dim, dtype=acc).to(logits.dtype)
     p = torch.softmax(logits.to(acc).masked_fill(~keep, torch.finfo(acc).min), dim)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from repro.attention.noncausal import NonCausalAttention, masked_softmax
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 
 def iterative_pinv(A, iterations: int):
@@ -68,7 +69,7 @@ class NystromAttention(NonCausalAttention):
             v = v.masked_fill(key_padding_mask[:, None, :, None], 0.0)  # also keeps them out of the conv
         skip = self.conv(v) if self.conv is not None else None  # (B, H, N, M)
         # Landmarks, the three kernels and the pseudo-inverse in fp32: the iteration diverges in bf16.
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(q.dtype)
         q, k, v = q.to(acc) * d ** -0.5, k.to(acc), v.to(acc)
         W, nonempty = segment_means(real, self.landmarks)  # (B, m, N), (B, m)
         W = W.to(acc)[:, None]  # (B, 1, m, N)

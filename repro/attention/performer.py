@@ -25,6 +25,7 @@ import torch
 
 from repro.attention.feature_maps import FeatureMap
 from repro.attention.linear import LinearAttention
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 
 def orthogonal_gaussian(n_rows: int, dim: int, device=None):
@@ -56,7 +57,7 @@ class FavorFeatureMap(FeatureMap):
 
     def forward(self, x):
         """(..., D) -> (..., F), positive."""
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(x.dtype)
         xs = x.to(acc) * self.head_dim ** -0.25  # (..., D)
         # The exponent W x' - |x'|^2 / 2 - ln(F) / 2 by one matmul, [x', -|x'|^2 / 2 - ln(F) / 2]
         # against [W, 1], then exp in place: two passes over the (..., F) features (and one, a

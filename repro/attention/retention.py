@@ -19,8 +19,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from repro.attention.successors import SuccessorAttention, accumulation_dtype, new_state
+from repro.attention.successors import SuccessorAttention, new_state
 from repro.kernels import gated_causal_dot_product
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 
 def retnet_gammas(n_heads: int) -> list[float]:

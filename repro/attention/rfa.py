@@ -24,10 +24,7 @@ from torch import nn
 
 from repro.attention.base import AttentionLayer
 from repro.kernels import causal_dot_product, gated_causal_dot_product
-
-
-def _acc(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 
 @dataclass
@@ -56,7 +53,7 @@ class RFAAttention(AttentionLayer):
 
     def phi(self, x):
         """(B, H, [N,] D) -> (B, H, [N,] 2F), computed in fp32."""
-        x = F.normalize(x.to(_acc(x.dtype)), dim=-1)
+        x = F.normalize(x.to(accumulation_dtype(x.dtype)), dim=-1)
         w = self.omega.to(x.dtype) / self.log_sigma.to(x.dtype).exp()  # (H, F, D)
         proj = torch.einsum("bhnd,hfd->bhnf", x, w) if x.dim() == 4 else torch.einsum("bhd,hfd->bhf", x, w)
         return torch.cat([proj.sin(), proj.cos()], -1) * self.n_features ** -0.5
@@ -74,7 +71,7 @@ class RFAAttention(AttentionLayer):
             self._log_g = None
 
     def attend(self, q, k, v, causal, key_padding_mask):
-        dtype, acc = v.dtype, _acc(v.dtype)
+        dtype, acc = v.dtype, accumulation_dtype(v.dtype)
         q, k, v = self.phi(q), self.phi(k), v.to(acc)  # (B, H, N, 2F), (B, H, N, M)
         if self.gated:
             if self._log_g is None:
@@ -108,7 +105,7 @@ class RFAAttention(AttentionLayer):
             self._log_g = None
 
     def attend_step(self, q, k, v, state: RFAState | None):
-        dtype, acc = v.dtype, _acc(v.dtype)
+        dtype, acc = v.dtype, accumulation_dtype(v.dtype)
         q, k, v = self.phi(q), self.phi(k), v.to(acc)  # (B, H, 2F), (B, H, M)
         if state is None:
             state = RFAState(k.new_zeros(*k.shape, v.shape[-1]), k.new_zeros(k.shape))

@@ -22,7 +22,7 @@ anyway) and recomputes everything between the projections and the output project
 backward: q, k, v from x, the per-token inputs, the memory, the norm and the gate. So the layer
 keeps its input, the output projection's input and its parameters: fewer bytes than the linear
 layer (x, q, k, v, its output and one normaliser per token). The memory's intermediates exist
-during that backward only; the ops' own Function (repro.kernels.gated.RecomputedChunks), which
+during that backward only; the ops' own Function (repro.kernels.gated.chunked.RecomputedChunks), which
 callers outside a layer get, keeps its inputs alone too."""
 from dataclasses import dataclass
 
@@ -32,15 +32,12 @@ from torch import nn
 
 from repro.attention.base import AttentionLayer
 from repro.common.errors import ConfigError
-from repro.kernels.gated import autograd_through_chunks
+from repro.kernels.gated.chunked import autograd_through_chunks
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 NORMS = ("layer", "rms", "none")
 BIDIRECTIONAL_CONFIGS = "softmax, linear, retention"
 ENABLE_BIDIRECTIONAL = "attention.bidirectional=true (runs it in both directions, summed)"
-
-
-def accumulation_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @dataclass

@@ -6,15 +6,17 @@
     causal_dot_product_backward(q, k, v, g, need) -> (grad q, grad k, grad v), outside autograd
 
 Backends, in order of preference:
-  cupy   raw CUDA kernels (CUDA tensors; module repro.kernels.cupy_backend, when built)
-  cpu    the fused C kernel (CPU tensors but fp64, sums in fp32; repro.kernels.cpu_native builds it
-         on first use with the C compiler): the chunked path's own CPU backend, inside its autograd
-         Function, which falls back to the PyTorch pieces for non-finite inputs
+  cupy   raw CUDA kernels (CUDA tensors; repro.kernels.causal_product.cuda, when CuPy is there)
+  cpu    the fused C kernel (CPU tensors but fp64, sums in fp32; repro.kernels.causal_product.cpu_native
+         builds it on first use with the C compiler): the chunked path's own CPU backend, inside its
+         autograd Function, which falls back to the PyTorch pieces for non-finite inputs
   torch  the chunked PyTorch path (any device, any dtype)
-The environment variable REPRO_KERNEL=torch|cupy|cpu forces one (read in repro.kernels.backend
-alone). The naive references in repro.kernels.reference are for tests only. Beside it,
-repro.kernels.normalised.causal_linear_attention: the normalised causal attention on feature maps
-(the fused CUDA kernel, or the normaliser folded into this product).
+The environment variable REPRO_KERNEL=torch|cupy|cpu forces one (read in
+repro.kernels.plumbing.backend alone); REPRO_KERNEL_SWITCHES picks the CUDA kernels' variants
+(repro.kernels.plumbing.switches). One folder per op holds its naive reference (for tests only),
+its PyTorch path and its backends: causal_product, normalised (the normalised causal attention on
+feature maps, repro.kernels.normalised.attention.causal_linear_attention), gated, delta and
+recurrent (the generation step); plumbing holds what they share.
 
 Its successors, with the same conventions (chunked PyTorch paths, any device; docs/kernels.md):
     gated_causal_dot_product(q, k, v, log_g)   S_i = diag(exp(log_g_i)) S_{i-1} + k_i v_i^T, out_i = S_i^T q_i
@@ -22,29 +24,24 @@ Its successors, with the same conventions (chunked PyTorch paths, any device; do
     delta_rule_dot_product(q, k, v, beta)      S_t = S_{t-1} + k_t beta_t (v_t - S_{t-1}^T k_t)^T, out_t = S_t^T q_t
         beta (B, H, N)
 """
+import importlib
+
 import torch
 
-from repro.kernels import cpu_native
-from repro.kernels.backend import BACKENDS, BackendUnavailable, forced_backend
-from repro.kernels.chunked import (
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.causal_product.chunked import (
     causal_dot_product_chunked,
     causal_dot_product_chunked_backward,
     default_chunk_size,
 )
-from repro.kernels.delta import delta_rule_dot_product_chunked
-from repro.kernels.gated import gated_causal_dot_product_chunked
-from repro.kernels.reference import (
-    causal_dot_product_loop,
-    causal_dot_product_naive,
-    delta_rule_loop,
-    gated_causal_dot_product_loop,
-)
-from repro.kernels.threads import may_use_threads
+from repro.kernels.delta.chunked import delta_rule_dot_product_chunked
+from repro.kernels.gated.chunked import gated_causal_dot_product_chunked
+from repro.kernels.plumbing.backend import BACKENDS, BackendUnavailable, forced_backend
+from repro.kernels.plumbing.threads import may_use_threads
 
 __all__ = ["BACKENDS", "causal_dot_product", "causal_dot_product_backward", "select_backend", "product_backend",
-           "causal_dot_product_chunked", "causal_dot_product_naive", "causal_dot_product_loop", "default_chunk_size",
-           "gated_causal_dot_product", "delta_rule_dot_product", "gated_causal_dot_product_chunked",
-           "delta_rule_dot_product_chunked", "gated_causal_dot_product_loop", "delta_rule_loop"]
+           "causal_dot_product_chunked", "default_chunk_size", "gated_causal_dot_product", "delta_rule_dot_product",
+           "gated_causal_dot_product_chunked", "delta_rule_dot_product_chunked", "cupy_for", "cupy_unavailable"]
 
 
 def _check_inputs(q, k, v, op="causal_dot_product", min_dim=2):
@@ -72,7 +69,7 @@ def _check_extra(op, name, x, q, shapes):
 
 def gated_causal_dot_product(q, k, v, log_g, chunk_size=None):
     """out_i = sum_{j<=i} ((q_i * prod_{j<t<=i} exp(log_g_t)) . k_j) v_j; log_g <= 0 (B, H, N) or
-    (B, H, N, D). The chunked path (repro.kernels.gated) on every device."""
+    (B, H, N, D). The chunked path (repro.kernels.gated.chunked) on every device."""
     _check_inputs(q, k, v, "gated_causal_dot_product", 4)
     _check_extra("gated_causal_dot_product", "log_g", log_g, q, ((0, 1, 2), (0, 1, 2, 3)))
     if chunk_size is not None and chunk_size < 1:
@@ -82,7 +79,7 @@ def gated_causal_dot_product(q, k, v, log_g, chunk_size=None):
 
 def delta_rule_dot_product(q, k, v, beta, chunk_size=None):
     """The delta rule's outputs o_t = S_t^T q_t; beta (B, H, N). The chunked WY / UT path
-    (repro.kernels.delta) on every device."""
+    (repro.kernels.delta.chunked) on every device."""
     _check_inputs(q, k, v, "delta_rule_dot_product", 4)
     _check_extra("delta_rule_dot_product", "beta", beta, q, ((0, 1, 2),))
     if chunk_size is not None and chunk_size < 1:
@@ -90,17 +87,17 @@ def delta_rule_dot_product(q, k, v, beta, chunk_size=None):
     return delta_rule_dot_product_chunked(q, k, v, beta, chunk_size)
 
 
-def cupy_unavailable(check, *tensors):
-    """None when the CuPy backend's op takes these tensors, else the reason it cannot (`check`:
-    the name of the backend's `..._unsupported_reason` function for that op). CPU tensors never
-    import the backend."""
+def cupy_unavailable(op, *tensors):
+    """None when the CuPy backend of `op` (an op folder with a cuda module: "causal_product",
+    "normalised", "recurrent") takes these tensors, else the reason it cannot (its
+    `unsupported_reason`). CPU tensors never import the backend."""
     if not tensors[0].is_cuda:
         return f"the CuPy backend runs CUDA tensors only (inputs are on {tensors[0].device})"
     try:
-        from repro.kernels import cupy_backend
+        cuda = importlib.import_module(f"repro.kernels.{op}.cuda")
     except ImportError as err:
         return f"the CuPy backend is not available: {err}"
-    return getattr(cupy_backend, check)(*tensors)
+    return cuda.unsupported_reason(*tensors)
 
 
 def select_backend(q, k, v):
@@ -114,7 +111,7 @@ def select_backend(q, k, v):
                                      f"CPU tensors (unset REPRO_KERNEL, or set it to cupy or torch)")
         cpu_native.wanted()  # raises, naming why, when it cannot be built
         return "cpu", "forced by REPRO_KERNEL=cpu"
-    reason = cupy_unavailable("unsupported_reason", q, k, v)
+    reason = cupy_unavailable("causal_product", q, k, v)
     if forced == "cupy":
         if reason:
             raise BackendUnavailable(f"REPRO_KERNEL=cupy, but {reason}")
@@ -129,14 +126,12 @@ def select_backend(q, k, v):
     return "torch", reason
 
 
-def cupy_for(reason, *tensors):
-    """The CuPy backend module when its op takes these tensors (`reason`: the name of the
-    backend's `..._unsupported_reason` check for that op: the fused attention, the recurrent
-    step), else None: the attention layers ask here, as causal_dot_product does."""
-    if forced_backend() in ("torch", "cpu") or cupy_unavailable(reason, *tensors) is not None:
+def cupy_for(op, *tensors):
+    """The CuPy backend module of `op` (an op folder, as cupy_unavailable) when it takes these
+    tensors, else None: the attention layers ask here, as causal_dot_product does."""
+    if forced_backend() in ("torch", "cpu") or cupy_unavailable(op, *tensors) is not None:
         return None
-    from repro.kernels import cupy_backend
-    return cupy_backend
+    return importlib.import_module(f"repro.kernels.{op}.cuda")
 
 
 # why product_backend keeps half-precision inputs asked for fp32 sums off the CuPy kernel (FASTER_DTYPES)
@@ -158,10 +153,10 @@ def causal_dot_product(q, k, v, out_dtype=None):
     backend, _ = product_backend(q, k, v, out_dtype)
     wide = out_dtype not in (None, q.dtype)  # the kernels return their inputs' dtype: fp32 inputs then
     if backend == "cupy":
-        from repro.kernels import cupy_backend
+        from repro.kernels.causal_product import cuda
         if wide:
             q, k, v = q.to(out_dtype), k.to(out_dtype), v.to(out_dtype)
-        return cupy_backend.causal_dot_product(q, k, v)
+        return cuda.causal_dot_product(q, k, v)
     return causal_dot_product_chunked(q, k, v, out_dtype=out_dtype)
 
 
@@ -172,7 +167,7 @@ def causal_dot_product_backward(q, k, v, g, need=(True, True, True)):
     autograd node (repro.attention.linear)."""
     _check_inputs(q, k, v)
     if select_backend(q, k, v)[0] == "cupy":
-        from repro.kernels import cupy_backend
-        grads = cupy_backend.cdp_backward(q, k, v, g)  # the op its forward registers as backward
+        from repro.kernels.causal_product import cuda
+        grads = cuda.cdp_backward(q, k, v, g)  # the op its forward registers as backward
         return tuple(gr if r else None for gr, r in zip(grads, need))
     return causal_dot_product_chunked_backward(q, k, v, g, need)

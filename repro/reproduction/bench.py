@@ -4,10 +4,10 @@
     python -m repro.reproduction.bench --lengths 1024 16384 --dtypes bf16 --repeats 20
 
 Methods (one that cannot run here is a 'missing' row with the reason, never an error):
-  cupy          this suite's CUDA kernels (repro.kernels.cupy_backend), whatever its GPU_VERIFIED
-                switch says (bf16 on tensor cores, fp32 on the FMA kernel)
+  cupy          this suite's CUDA kernels (repro.kernels.causal_product.cuda), whatever the switch
+                gpu_verified says (bf16 on tensor cores, fp32 on the FMA kernel)
   cupy_norm     the same with the normaliser fused (the whole causal linear attention)
-  torch         the chunked PyTorch path (repro.kernels.chunked)
+  torch         the chunked PyTorch path (repro.kernels.causal_product.chunked)
   fast_transformers   the authors' CUDA kernel, built from its sdist (repro.reproduction.peers)
   fla_chunk     flash-linear-attention's chunk_linear_attn (Triton), in its (B, N, H, D) layout
   sdpa          causal softmax attention, torch.nn.functional.scaled_dot_product_attention
@@ -47,7 +47,9 @@ import torch
 import torch.nn.functional as F
 
 from repro.common.results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv
-from repro.kernels import causal_dot_product_chunked, cupy_backend, delta_rule_dot_product, gated_causal_dot_product
+from repro.kernels import causal_dot_product_chunked, delta_rule_dot_product, gated_causal_dot_product
+from repro.kernels.causal_product import cuda as product_cuda
+from repro.kernels.normalised import cuda as normalised_cuda
 from repro.reproduction import peers
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -74,9 +76,9 @@ def _methods(device, ft_sdist=None):
             import cupy  # noqa: F401
         except ImportError as err:
             cupy_why = f"missing: CuPy is not importable ({err})"
-    fused = lambda q, k, v: cupy_backend.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
     return {
-        "cupy": peers.Peer(None if cupy_why else cupy_backend.causal_dot_product, cupy_why),
+        "cupy": peers.Peer(None if cupy_why else product_cuda.causal_dot_product, cupy_why),
         "cupy_norm": peers.Peer(None if cupy_why else fused, cupy_why),
         "torch": peers.Peer(causal_dot_product_chunked),
         "fast_transformers": peers.fast_transformers(device, ft_sdist),

@@ -47,9 +47,10 @@ from pathlib import Path
 import torch
 
 from repro.common.results import REPO, atomic_write, provenance, rows_to_csv
-from repro.kernels import cpu_native, select_backend
-from repro.kernels.backend import forcing
-from repro.kernels.chunked import causal_dot_product_chunked, default_chunk_size
+from repro.kernels import select_backend
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.causal_product.chunked import causal_dot_product_chunked, default_chunk_size
+from repro.kernels.plumbing.backend import forcing
 from repro.reproduction.peers import PEER_DIST
 from repro.reproduction.peers import ft_cpu_peer as peer
 from repro.reproduction.successors_speed import successor_rows

@@ -3,7 +3,7 @@
     python -m repro.reproduction.profile_kernels --out-dir results/gpu/<device>/profile
 
 At B = H = 8, D = M = 64 (the benchmark's point), for fp32 and bf16 and each N, the forward and
-the forward + backward of repro.kernels.cupy_backend.causal_dot_product run under
+the forward + backward of repro.kernels.causal_product.cuda.causal_dot_product run under
 torch.profiler, which sees every kernel on the device (CuPy's launches too): kernel_times.csv
 gets each kernel's device time per call and its share of the pass. host_overhead.csv gets the
 wall time per call of a tiny problem (B = H = 1, N = 64), where the GPU's work is a few
@@ -12,7 +12,8 @@ microseconds, so the time is the launch path's own, and host_profile.txt where i
 (chunks_per_group.csv); --parts layer one attention layer's forward + backward at the MNIST
 model's shape, softmax against linear, in ms and CUDA kernels per call (layer.csv); --parts model
 a training step of the whole MNIST model, wall against kernel-busy time (model.csv); --parts
-variants the tensor-core kernel's switched-off variants against it (tc_variants.csv). With
+variants the tensor-core kernel's switched-off variants against it (tc_variants.csv); --switch
+STAGED (any of them) runs the other parts with that variant on (repro.kernels.plumbing.switches). With
 Nsight Compute (`ncu`) on the PATH, --ncu also writes its details page (speed of light,
 occupancy, warp stalls, memory) for the bf16 forward at N = 16k to ncu_fwd_bf16.txt (CSV after
 ncu's own lines). Needs a CUDA GPU, torch and CuPy (no Hydra).
@@ -30,7 +31,8 @@ from functools import partial
 import torch
 
 from repro.common.results import atomic_write, provenance, rows_to_csv
-from repro.kernels import cuda_grid
+from repro.kernels.plumbing import cuda_grid
+from repro.kernels.plumbing.switches import switched
 from repro.reproduction import bench, peers
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -147,14 +149,14 @@ def run_ncu(out_dir, n: int, timeout_s: float, switches=()) -> str:
     return f"ncu exit {res.returncode}"
 
 
-def kernels_part(args, base, out_dir, cupy_backend, device):
+def kernels_part(args, base, out_dir, cuda, device):
     """kernel_times.csv: each kernel's device time per call of the pass, B = H = 8, D = M = 64."""
     rows = []
     for dtype_name in args.dtypes:
         for n in args.lengths:
             for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
                 (q, k, v), up = inputs(8, 8, n, 64, 64, DTYPES[dtype_name], device, grad)
-                fn = bench.one_call(cupy_backend.causal_dot_product, (q, k, v), up, grad)
+                fn = bench.one_call(cuda.causal_dot_product, (q, k, v), up, grad)
                 for r in profile_pass(fn, args.calls):
                     rows.append({**base, "task": "kernels.profile", "pass": pass_name, "dtype": dtype_name,
                                  "batch": 8, "heads": 8, "n": n, "d": 64, "m": 64, **r})
@@ -165,7 +167,7 @@ def kernels_part(args, base, out_dir, cupy_backend, device):
     atomic_write(os.path.join(out_dir, "kernel_times.csv"), rows_to_csv(rows))
 
 
-def host_paths(cupy_backend, q, k, v, up) -> dict:
+def host_paths(cuda, q, k, v, up) -> dict:
     """The launch path's layers, each a call on the same tiny inputs: the bare launch, the
     custom op's forward (no autograd), its backward op called directly, and through autograd the
     forward and the forward + backward (so each layer's cost is a difference of two rows)."""
@@ -174,21 +176,21 @@ def host_paths(cupy_backend, q, k, v, up) -> dict:
 
     def op_fwd():
         with torch.no_grad():
-            cupy_backend.causal_dot_product(qd, kd, vd)
+            cuda.causal_dot_product(qd, kd, vd)
 
-    return {"launch": lambda: cupy_backend.launch(q3, k3, v3), "op_fwd": op_fwd,
-            "op_bwd": lambda: cupy_backend.cdp_backward(qd, kd, vd, up),
-            "fwd": lambda: cupy_backend.causal_dot_product(q, k, v),  # the autograd graph built, unused
-            "fwd_bwd": bench.one_call(cupy_backend.causal_dot_product, (q, k, v), up, True)}
+    return {"launch": lambda: cuda.launch(q3, k3, v3), "op_fwd": op_fwd,
+            "op_bwd": lambda: cuda.cdp_backward(qd, kd, vd, up),
+            "fwd": lambda: cuda.causal_dot_product(q, k, v),  # the autograd graph built, unused
+            "fwd_bwd": bench.one_call(cuda.causal_dot_product, (q, k, v), up, True)}
 
 
-def host_part(args, base, out_dir, cupy_backend, device):
+def host_part(args, base, out_dir, cuda, device):
     """host_overhead.csv: the wall time per call of a tiny problem along each layer of the launch
     path (host_paths); host_profile.txt: where the host spends the forward + backward (cProfile)."""
     host, profiles = [], []
     for dtype_name in args.dtypes:
         (q, k, v), up = inputs(1, 1, 64, 64, 64, DTYPES[dtype_name], device, True)
-        for path, fn in host_paths(cupy_backend, q, k, v, up).items():
+        for path, fn in host_paths(cuda, q, k, v, up).items():
             us = host_us_per_call(fn)
             if path == "fwd_bwd":
                 profiles.append(f"## {dtype_name} {path}: {us:.1f} us per call\n{host_profile(fn)}")
@@ -199,43 +201,38 @@ def host_part(args, base, out_dir, cupy_backend, device):
     atomic_write(os.path.join(out_dir, "host_profile.txt"), "\n".join(profiles))
 
 
-SWITCHES = ("BARE_SMEM", "VEC_LOADS", "STAGED")  # cupy_backend's switched-off tensor-core variants
+SWITCHES = ("BARE_SMEM", "VEC_LOADS", "STAGED")  # the switched-off tensor-core variants (their switches, upper case)
 VARIANTS = ((), ("BARE_SMEM",), ("VEC_LOADS",), ("BARE_SMEM", "VEC_LOADS"), ("STAGED",))  # the switches on
 
 
-def variants_part(args, base, out_dir, cupy_backend, device):
+def variants_part(args, base, out_dir, cuda, device):
     """tc_variants.csv: the bf16 product on the tensor-core kernel with each of its switched-off
     variants on (BARE_SMEM: only the shared memory the bare product uses, 3 blocks per H100 SM
     rather than 2; VEC_LOADS: 16-byte loads of Q and K; both; STAGED: the pipelined kernel of
     causal_dot_tc_staged.cu), interleaved, 3 rounds, B = H = 8, D = M = 64: the forward launch
     and the backward op (its three launches). Each variant's outputs must equal the plain
     kernel's (the same sums)."""
-    rows, was = [], {name: getattr(cupy_backend, name) for name in SWITCHES}
-    try:
-        for n in args.lengths:
-            (q, k, v), up = inputs(1, 64, n, 64, 64, torch.bfloat16, device, grad=True)
-            q, k, v = (x.detach() for x in (q, k, v))
-            calls = {"fwd": lambda x=(q[0], k[0], v[0]): cupy_backend.launch(*x, tensor_cores=True)[0],
-                     "bwd": lambda x=(q, k, v, up): cupy_backend.cdp_backward(*x)}
-            for rnd in range(3):
-                outs, at = {}, len(rows)
-                for on in VARIANTS:
-                    for name in SWITCHES:
-                        setattr(cupy_backend, name, name in on)
-                    variant = "+".join(on) or "plain"
+    rows = []
+    for n in args.lengths:
+        (q, k, v), up = inputs(1, 64, n, 64, 64, torch.bfloat16, device, grad=True)
+        q, k, v = (x.detach() for x in (q, k, v))
+        calls = {"fwd": lambda x=(q[0], k[0], v[0]): cuda.launch(*x, tensor_cores=True)[0],
+                 "bwd": lambda x=(q, k, v, up): cuda.cdp_backward(*x)}
+        for rnd in range(3):
+            outs, at = {}, len(rows)
+            for on in VARIANTS:
+                variant, flags = "+".join(on) or "plain", {name.lower(): name in on for name in SWITCHES}
+                with switched(**flags):
                     for pass_, fn in calls.items():
                         outs[variant, pass_] = _tensors(fn())
                         ms = event_ms(fn)
                         rows.append({**base, "task": "kernels.variants", "pass": pass_, "dtype": "bf16", "batch": 8,
-                                     "heads": 8, "n": n, "d": 64, "m": 64, "variant": variant,
-                                     **{name.lower(): name in on for name in SWITCHES}, "round": rnd, "ms": ms})
+                                     "heads": 8, "n": n, "d": 64, "m": 64, "variant": variant, **flags,
+                                     "round": rnd, "ms": ms})
                         print(f"bf16 N={n:6d} {pass_} {variant:20s} round {rnd}: {ms:8.3f} ms", flush=True)
-                for r in rows[at:]:  # each round's outputs against the plain kernel's in the same round
-                    r["same_output"] = all(torch.equal(a, b) for a, b in zip(outs["plain", r["pass"]],
-                                                                              outs[r["variant"], r["pass"]]))
-    finally:
-        for name, value in was.items():
-            setattr(cupy_backend, name, value)
+            for r in rows[at:]:  # each round's outputs against the plain kernel's in the same round
+                r["same_output"] = all(torch.equal(a, b) for a, b in zip(outs["plain", r["pass"]],
+                                                                          outs[r["variant"], r["pass"]]))
     atomic_write(os.path.join(out_dir, "tc_variants.csv"), rows_to_csv(rows))
 
 
@@ -248,12 +245,12 @@ def _tensors(x):
 LAYERS = (("softmax", None), ("linear", None), ("linear", "cupy"))
 
 
-def layer_part(args, base, out_dir, cupy_backend, device):
+def layer_part(args, base, out_dir, cuda, device):
     """layer.csv: one attention layer's forward + backward at the MNIST model's shape (d_model
     256, 8 heads, batch 10, N = 784, causal): ms per call and CUDA kernels launched per call, for
     softmax (SDPA), linear as dispatched and linear on the CuPy kernels, in fp32 and bf16."""
     from repro.attention import LinearAttention, SoftmaxAttention
-    from repro.kernels.backend import forcing
+    from repro.kernels.plumbing.backend import forcing
 
     rows = []
     for dtype_name in args.dtypes:
@@ -288,7 +285,7 @@ MODEL = dict(n_layers=8, d_model=256, n_heads=8, d_ff=1024, dropout=0.1, embeddi
 BATCH, VALUES = 10, 784
 
 
-def model_part(args, base, out_dir, cupy_backend, device):
+def model_part(args, base, out_dir, cuda, device):
     """model.csv: one training step (forward, backward, the authors' RAdam step) of the MNIST model, softmax
     against linear: wall ms per step (CUDA events), the ms its kernels are busy and how many it
     launches; model_kernels.csv: each attention's 25 busiest kernels. A step whose wall time is
@@ -345,15 +342,18 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA device (none is visible)", file=sys.stderr)
         return 2
-    from repro.kernels import cupy_backend
+    with switched(",".join(args.switch)):
+        return _main(args)
 
-    for name in args.switch:
-        setattr(cupy_backend, name, True)
+
+def _main(args) -> int:
+    from repro.kernels.causal_product import cuda
+
     device = torch.device("cuda", torch.cuda.current_device())
     if args.target is not None:  # under ncu: a few forward launches, nothing written
         (q, k, v), _ = inputs(8, 8, args.target, 64, 64, torch.bfloat16, device)
         for _ in range(6):
-            cupy_backend.causal_dot_product(q, k, v)
+            cuda.causal_dot_product(q, k, v)
         torch.cuda.synchronize()
         return 0
     base = {**provenance(device), "switches": "+".join(sorted(args.switch))}
@@ -363,13 +363,13 @@ def main(argv=None) -> int:
     parts = {"kernels": kernels_part, "host": host_part, "groups": groups, "layer": layer_part,
              "model": model_part, "variants": variants_part}
     for part in args.parts:
-        parts[part](args, base, out_dir, cupy_backend, device)
+        parts[part](args, base, out_dir, cuda, device)
     if args.ncu:
         print(run_ncu(out_dir, 16384, args.ncu_timeout_s, args.switch), flush=True)
     return 0
 
 
-def groups(args, base, out_dir, cupy_backend, device):
+def groups(args, base, out_dir, cuda, device):
     """The forward's ms at each chunks-per-group count (the default's marked), B = H = 8, D = M = 64."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows = []
@@ -380,7 +380,7 @@ def groups(args, base, out_dir, cupy_backend, device):
             default, _, _ = cuda_grid.grid(64, n, 64, sms)
             for cpg in group_counts(-(-n // cuda_grid.CHUNK)):
                 _, n_groups, n_mt = cuda_grid.grid(64, n, 64, sms, cpg)
-                ms = event_ms(lambda c=cpg, x=(q, k, v): cupy_backend.launch(*x, cpg=c))
+                ms = event_ms(lambda c=cpg, x=(q, k, v): cuda.launch(*x, cpg=c))
                 rows.append({**base, "task": "kernels.groups", "pass": "fwd", "dtype": dtype_name, "batch": 8,
                              "heads": 8, "n": n, "d": 64, "m": 64, "cpg": cpg, "n_groups": n_groups,
                              "blocks": 64 * n_groups * n_mt, "default": cpg == default, "ms": ms})

@@ -10,14 +10,17 @@ import sys
 
 import torch
 
-from repro.kernels import cupy_backend
-from repro.kernels.reference import causal_dot_product_naive
+from repro.kernels.causal_product import cuda
+from repro.kernels.causal_product.reference import causal_dot_product_naive
+from repro.kernels.plumbing.cupy_launch import CALLS
+from repro.kernels.plumbing.switches import switched
+from repro.kernels.recurrent.cuda import linear_attention_step
 
 
 def _check(failures, label, tol, q, k, v, rev, tensor_cores):
     """One launch (2 groups) against the float64 reference, reversed in time when rev: its
     relative error printed, and kept in failures past tol."""
-    out, _ = cupy_backend.launch(q, k, v, rev=rev, cpg=2, tensor_cores=tensor_cores)
+    out, _ = cuda.launch(q, k, v, rev=rev, cpg=2, tensor_cores=tensor_cores)
     f = (lambda x: x.flip(1)) if rev else (lambda x: x)
     ref = f(causal_dot_product_naive(*(f(x).double() for x in (q, k, v))))
     err = ((out.double() - ref).norm() / ref.norm()).item()
@@ -41,30 +44,25 @@ def main() -> int:
                    q, k, v, rev, tensor_cores)
         qp, kp = (torch.nn.functional.elu(q.float()).add(1).to(dtype),
                   torch.nn.functional.elu(k.float()).add(1).to(dtype))
-        out, den = cupy_backend.launch(qp, kp, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
+        out, den = cuda.launch(qp, kp, v, norm=True, eps=1e-6, cpg=2, tensor_cores=tensor_cores)
         print(f"cdp norm {dtype} tensor_cores={tensor_cores}: finite {bool(torch.isfinite(out).all())}")
-    # the tensor-core variants (BARE_SMEM: only the shared memory the bare product uses;
-    # VEC_LOADS: 16-byte loads; STAGED: the pipelined kernel; D = 64 and M = 40 so they all
+    # the tensor-core variants (bare_smem: only the shared memory the bare product uses;
+    # vec_loads: 16-byte loads; staged: the pipelined kernel; D = 64 and M = 40 so they all
     # apply): the tools see any access out of bounds, and racecheck the staged kernel's barriers
     q64, k64, v64 = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (64, 64, m))
-    # STAGED again at D = 32 (zero-filled key columns) and M = 72 (a second, partial value tile)
+    # staged again at D = 32 (zero-filled key columns) and M = 72 (a second, partial value tile)
     q32, k32, v72 = ((torch.randn(bh, n, x, device="cuda", generator=g) * 0.5).bfloat16() for x in (32, 32, 72))
-    was = cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS, cupy_backend.STAGED
-    try:
-        for bare_vec, staged, inputs in ((True, False, (q64, k64, v64)), (False, True, (q64, k64, v64)),
-                                         (False, True, (q32, k32, v72))):
-            cupy_backend.BARE_SMEM = cupy_backend.VEC_LOADS = bare_vec
-            cupy_backend.STAGED = staged
-            launched = cupy_backend.CALLS["staged"]
+    for bare_vec, staged, inputs in ((True, False, (q64, k64, v64)), (False, True, (q64, k64, v64)),
+                                     (False, True, (q32, k32, v72))):
+        with switched(bare_smem=bare_vec, vec_loads=bare_vec, staged=staged):
+            launched = CALLS["staged"]
             for rev in (False, True):
                 _check(failures, f"cdp bf16 tensor_cores=True BARE_SMEM=VEC_LOADS={bare_vec} STAGED={staged} "
                        f"D={inputs[0].shape[-1]} M={inputs[2].shape[-1]}", 1e-2, *inputs, rev, True)
-            if staged and cupy_backend.CALLS["staged"] - launched != 2:  # the tools must see the staged kernels
+            if staged and CALLS["staged"] - launched != 2:  # the tools must see the staged kernels
                 failures.append(("STAGED did not launch the staged kernels", None, None))
-    finally:
-        cupy_backend.BARE_SMEM, cupy_backend.VEC_LOADS, cupy_backend.STAGED = was
     S, Z = torch.zeros(bh, d, m, device="cuda"), torch.zeros(bh, d, device="cuda")
-    step = cupy_backend.linear_attention_step(qp[:, 0].float(), kp[:, 0].float(), v[:, 0].float(), S, Z, 1e-6)
+    step = linear_attention_step(qp[:, 0].float(), kp[:, 0].float(), v[:, 0].float(), S, Z, 1e-6)
     torch.cuda.synchronize()
     print(f"linear_attention_step: finite {bool(torch.isfinite(step).all())}")
     if failures:

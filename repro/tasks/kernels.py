@@ -20,12 +20,8 @@ from repro.common.config import parse_device, parse_dtype, positive_ints
 from repro.common.errors import ConfigError
 from repro.common.results import atomic_write, check_publish, output_dirs, provenance, rows_to_csv, write_jsonl
 from repro.conf import in_multirun, run_dir
-from repro.kernels import (
-    causal_dot_product,
-    causal_dot_product_chunked,
-    causal_dot_product_loop,
-    causal_dot_product_naive,
-)
+from repro.kernels import causal_dot_product, causal_dot_product_chunked
+from repro.kernels.causal_product.reference import causal_dot_product_loop, causal_dot_product_naive
 from repro.training.backends import note_fallback, product_backend
 from repro.training.memory import memory_cap, memory_limit, out_of_memory, over_limit
 

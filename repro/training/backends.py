@@ -42,8 +42,10 @@ def _dispatcher(q, k, v, acc, wide=False) -> tuple[str, str, bool]:
 
 
 def _linear(layer, batch, n, dtype, device, grad) -> tuple[str, str, bool]:
-    from repro.kernels import cpu_layer, cpu_native, cupy_for
-    from repro.kernels.normalised import accumulation_dtype
+    from repro.kernels import cupy_for
+    from repro.kernels.causal_product import cpu_native
+    from repro.kernels.normalised import cpu_layer
+    from repro.kernels.plumbing.dtypes import accumulation_dtype
 
     acc = accumulation_dtype(dtype)
     h, d, m = layer.n_heads, layer.d_keys, layer.d_values
@@ -51,11 +53,11 @@ def _linear(layer, batch, n, dtype, device, grad) -> tuple[str, str, bool]:
     with torch.no_grad():
         f = layer.feature_map(torch.zeros(1, 1, 1, d, dtype=dtype, device=device)).shape[-1]
     trainable_map = any(p.requires_grad for p in layer.feature_map.parameters())
-    if trainable_map or cupy_for("linear_attention_unsupported_reason", q, q, v):
+    if trainable_map or cupy_for("normalised", q, q, v):
         # the differentiable formula (repro.kernels.normalised): the fused CUDA attention on phi,
         # else the dispatcher on [v, 1] with sums in acc
         phi = _stand_in((batch, h, n, f), dtype, device, grad)
-        if cupy_for("linear_attention_unsupported_reason", phi, phi, v):
+        if cupy_for("normalised", phi, phi, v):
             return "cupy", "the fused CUDA kernel of the normalised linear attention", False
         return _dispatcher(phi, phi, _stand_in((batch, h, n, m + 1), dtype, device, grad), acc, wide=acc != dtype)
     if cpu_layer.applies(q, q, v, True, layer.feature_map):
@@ -67,7 +69,7 @@ def _linear(layer, batch, n, dtype, device, grad) -> tuple[str, str, bool]:
 
 
 def _rfa(layer, batch, n, dtype, device, grad) -> tuple[str, str, bool]:
-    from repro.kernels.normalised import accumulation_dtype
+    from repro.kernels.plumbing.dtypes import accumulation_dtype
 
     if layer.gated:
         return "torch", "the gated product's chunked PyTorch path (no fused kernel for it)", False
@@ -103,7 +105,7 @@ def product_backend(q, k, v, chunked: bool = False) -> dict:
     """The row fields for repro.kernels.causal_dot_product on q, k, v; chunked: for
     causal_dot_product_chunked, which takes the fused C kernel on a CPU as the dispatcher does but
     never the CUDA kernels."""
-    from repro.kernels.normalised import accumulation_dtype
+    from repro.kernels.plumbing.dtypes import accumulation_dtype
 
     if chunked and q.is_cuda:
         return _fields("torch", "the chunked PyTorch path (the CUDA kernels are the dispatcher's)", False)
@@ -115,8 +117,8 @@ def step_backend(layer, batch: int, dtype, device) -> dict:
     token of a batch."""
     from repro.attention.linear import LinearAttention
     from repro.kernels import cupy_unavailable
-    from repro.kernels.backend import forced_backend
-    from repro.kernels.normalised import accumulation_dtype
+    from repro.kernels.plumbing.backend import forced_backend
+    from repro.kernels.plumbing.dtypes import accumulation_dtype
 
     device = torch.device(device)
     if not isinstance(layer, LinearAttention):
@@ -128,7 +130,7 @@ def step_backend(layer, batch: int, dtype, device) -> dict:
     S, Z = torch.zeros(batch, h, d, m, dtype=acc, device=device), torch.zeros(batch, h, d, dtype=acc, device=device)
     if forced_backend() in ("torch", "cpu"):
         return _fields("torch", f"forced by REPRO_KERNEL={forced_backend()}", True)
-    why = cupy_unavailable("step_unsupported_reason", q, q, v, S, Z)
+    why = cupy_unavailable("recurrent", q, q, v, S, Z)
     return _fields("cupy", "the CUDA step kernel", False) if why is None else _fields("torch", why, True)
 
 

@@ -12,7 +12,7 @@ chunk in parallel (W = T K, U = T V: one triangular solve with [K | V] on the ri
 Only the two (C, D) x (D, M) products of U' and S wait on the previous chunk: a loop over the
 N / C chunks; the rest is batched over every chunk at once.
 
-Differentiable in q, k, v and beta by repro.kernels.gated.RecomputedChunks: it keeps its four
+Differentiable in q, k, v and beta by repro.kernels.gated.chunked.RecomputedChunks: it keeps its four
 inputs alone for backward, and its backward recomputes the chunks a group at a time under
 autograd. Half-precision inputs run in fp32. The keys are the caller's: the layer L2-normalises
 them and keeps beta in (0, 1), where every I - beta k k^T is a contraction; other inputs may grow
@@ -20,7 +20,7 @@ the state without bound, as the recurrence itself does.
 """
 import torch
 
-from repro.kernels.gated import chunked_recurrence
+from repro.kernels.gated.chunked import chunked_recurrence
 
 DELTA_CHUNK = 64  # measured on a CPU (docs/kernels.md)
 

@@ -1,7 +1,7 @@
 /* The linear layer's causal attention with phi = elu + 1, fused on the CPU: from the projections'
  * q, k, v to y = num / (den + eps) and inv = 1 / (den + eps), and back to the gradients of q, k and
  * v, with phi, [v, 1], the upstream gradient's [g inv | -sum g inv y] and the chain rule through phi
- * made chunk by chunk inside (repro/kernels/blocked.py has the formulas; causal_dot_cpu.c the
+ * made chunk by chunk inside (repro/kernels/normalised/blocked.py has the formulas; causal_dot_cpu.c the
  * per-chunk products, the same here on C tokens of [v, 1]). The layer (repro.attention.linear)
  * then holds nothing beyond its inputs and outputs: no phi(Q), phi(K) or [v, 1] of a group of rows,
  * which its peak memory would otherwise carry above SDPA softmax's.
@@ -14,7 +14,7 @@
  * phi(x) = exp(min(x, 0)) + max(x, 0) (PyTorch's CPU formula for elu + 1), d phi / dx =
  * exp(min(x, 0)); exp by a vector polynomial (below). Non-finite inputs: as causal_dot_cpu.c, a
  * row whose total state is not finite returns 1 and the caller takes the exact path. */
-#include "cpu_blas.h"
+#include "../plumbing/cpu_blas.h"  /* shared with the other op's C kernel */
 
 typedef struct {
     float *p;

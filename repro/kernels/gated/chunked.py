@@ -20,7 +20,7 @@ host) are computed exactly from the (C, C, D) factors instead, SAFE_GROUP chunks
 recomputed in the backward (checkpointed), so memory stays O(N C). GLA's gates (log sigmoid / 16)
 decay a few nats per chunk: they never take that path.
 
-Differentiable in q, k, v and log_g by RecomputedChunks (shared with repro.kernels.delta): it
+Differentiable in q, k, v and log_g by RecomputedChunks (shared with repro.kernels.delta.chunked): it
 keeps its four inputs alone for backward, as the causal product's layer does (no (C, C) scores,
 no chunk states), and its backward recomputes the chunks a group at a time under autograd.
 Half-precision inputs run in fp32 and return their dtype; fp64 stays fp64.
@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from repro.kernels.plumbing.dtypes import accumulation_dtype
+
 # The largest decay (nats) across a chunk that the midpoint split takes: its factors reach
 # exp(span / 2), and products of two of them (masked entries included) must stay finite.
 SPLIT_SPAN = {torch.float32: 80.0, torch.float64: 600.0}
@@ -40,10 +42,6 @@ SAFE_GROUP = 16  # chunks computed at once on the exact path: (16, C, C, D) fact
 # intermediates per group (a layer's whole sequence at the suite's sizes, bounded beyond).
 RECOMPUTE_BYTES = 8 << 20
 _by_autograd = threading.local()  # .on: inside autograd_through_chunks() on this thread
-
-
-def compute_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def default_gated_chunk(d: int, m: int) -> int:
@@ -64,7 +62,7 @@ def split_chunks(x, c):
 def _inputs_in_chunks(c, q, k, v, x):
     """q, k, v and the per-step input x ((B, H, N) or (B, H, N, D)) as split_chunks' (L, nc, C, X)
     in the compute dtype; x of one value per step gets X = 1."""
-    cd = compute_dtype(q.dtype)
+    cd = accumulation_dtype(q.dtype)
     return [split_chunks(t.to(cd) if t.dim() == 4 else t.to(cd)[..., None], c) for t in (q, k, v, x)]
 
 

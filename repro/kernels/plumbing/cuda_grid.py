@@ -1,6 +1,6 @@
 """The CUDA kernels' launch geometry: tile sizes (as causal_dot.cu and causal_dot_tc.cu define
 them), shared memory per block, and the grid of a launch (chunks per group, groups, value
-tiles). Plain arithmetic, no CUDA: repro.kernels.cupy_backend launches with it, and the tests
+tiles). Plain arithmetic, no CUDA: repro.kernels.causal_product.cuda launches with it, and the tests
 and the profiler read it on any machine."""
 import math
 

@@ -7,19 +7,19 @@ inside the kernel (its scratch: a chunk's buffers and one state per head, a few 
 thread, kept between calls), so the layer holds nothing beside its inputs and outputs: one
 layer's forward + backward peaks below SDPA softmax's at every length measured (docs/attention.md;
 repro.attention.linear keeps the same five tensors for backward either way).
-repro.kernels.blocked does the same work for any feature map, in bounded workspace.
+repro.kernels.normalised.blocked does the same work for any feature map, in bounded workspace.
 
 applies() says where the layer calls these. Both return None when a row's sum is not finite (an
-inf or NaN in the inputs): the caller then takes repro.kernels.blocked's exact path.
+inf or NaN in the inputs): the caller then takes repro.kernels.normalised.blocked's exact path.
 """
 import ctypes
 
 import torch
 
-from repro.kernels import cpu_native
-from repro.kernels.blocked import heads_last
-from repro.kernels.cpu_native import CHUNK, View, check_rc, thread_groups
-from repro.kernels.threads import run_groups
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.causal_product.cpu_native import CHUNK, View, check_rc, thread_groups
+from repro.kernels.normalised.blocked import heads_last
+from repro.kernels.plumbing.threads import run_groups
 
 
 def applies(q, k, v, causal: bool, feature_map) -> bool:

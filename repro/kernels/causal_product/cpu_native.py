@@ -1,11 +1,11 @@
 """The fused CPU causal dot product (causal_dot_cpu.c), built on first use and called through
 ctypes: the chunked path's fast CPU backend, summing in fp32 (fp32, bf16 and fp16 inputs;
-repro.kernels.chunked picks it; REPRO_KERNEL=torch turns it off). ctypes releases the GIL during a
+repro.kernels.causal_product.chunked picks it; REPRO_KERNEL=torch turns it off). ctypes releases the GIL during a
 call, so the chunked path's host threads run groups of rows on it in parallel. The same library
-holds the linear layer's fused attention (linear_layer_cpu.c; repro.kernels.cpu_layer).
+holds the linear layer's fused attention (linear_layer_cpu.c; repro.kernels.normalised.cpu_layer).
 
 The shared library is compiled by the C compiler on the PATH (cc, or $CC) with -O3 -march=native
-on first use, through repro.kernels.cpu_build's cache (keyed by the sources, flags, compiler and
+on first use, through repro.kernels.plumbing.cpu_build's cache (keyed by the sources, flags, compiler and
 CPU; a cached file is checked before it is loaded, and rebuilt when it is cut short, for another
 machine, lacks an entry point or could be someone else's). No compiler, or a failed build (a
 compiler without GCC's vector extensions, which GCC and Clang have): unavailable(), with the
@@ -16,14 +16,15 @@ from pathlib import Path
 
 import torch
 
-from repro.kernels import cpu_build
-from repro.kernels.backend import BackendUnavailable, forced_backend
-from repro.kernels.threads import may_use_threads, run_groups
+from repro.kernels.plumbing import cpu_build
+from repro.kernels.plumbing.backend import BackendUnavailable, forced_backend
+from repro.kernels.plumbing.threads import may_use_threads, run_groups
 
 # One shared library: the causal product (causal_dot_cpu.c), the linear layer's fused attention
-# (linear_layer_cpu.c, called by repro.kernels.cpu_layer) and the products both are made of.
-SOURCES = [Path(__file__).with_name(n) for n in ("causal_dot_cpu.c", "linear_layer_cpu.c")]
-HEADERS = [Path(__file__).with_name("cpu_blas.h")]
+# (linear_layer_cpu.c, called by repro.kernels.normalised.cpu_layer) and the products both are made of.
+KERNELS = Path(__file__).resolve().parent.parent  # repro/kernels/
+SOURCES = [KERNELS / "causal_product" / "causal_dot_cpu.c", KERNELS / "normalised" / "linear_layer_cpu.c"]
+HEADERS = [KERNELS / "plumbing" / "cpu_blas.h"]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 # The fused kernel's chunk C, measured (1 thread, medians of 7 interleaved rounds, C = 16, 32, 48,
 # 64, 96; rows x N = 8 x 4096 at D = M = 64, 32 x 33, 16 x 16, and 8 x 1024, 128 x 256): 32 is

@@ -1,7 +1,8 @@
 """The CUDA sources of the CuPy backend, their template instances, and how they are compiled.
 
-Each .cu file beside this module is compiled at first use by cupy.RawModule (NVRTC, for the
-GPU in use; CuPy caches the binary on disk) with the instances named here. `nvrtc_check`
+Each .cu file of an op folder (named here by its path under repro/kernels/) is compiled at first
+use by cupy.RawModule (NVRTC, for the GPU in use; CuPy caches the binary on disk) with the
+instances named here. `nvrtc_check`
 compiles the same source and instances for a given architecture without a GPU or driver, which
 is what the CPU tests use so that a kernel that does not compile cannot land.
 """
@@ -9,7 +10,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # repro/kernels/: the sources' paths start here
 OPTIONS = ("-std=c++17",)
 DTYPES = ("float", "bf16_t", "f16_t")  # kernel-side names of fp32, bf16, fp16
 
@@ -20,28 +21,28 @@ def _bool(b):
 
 # Every template instance the Python side launches: (file, [name expressions]).
 SOURCES = {
-    "causal_dot.cu": [f"{kern}<{t},{_bool(rev)},{_bool(norm)}>"
+    "causal_product/causal_dot.cu": [f"{kern}<{t},{_bool(rev)},{_bool(norm)}>"
                       for kern in ("cdp_group_states", "cdp_chunks") for t in DTYPES
                       for rev, norm in ((False, False), (True, False), (False, True))]
                      + ["cdp_scan_states"],
-    "causal_dot_tc.cu": [f"{kern}<bf16_t,{_bool(rev)},{_bool(norm)}>"
+    "causal_product/causal_dot_tc.cu": [f"{kern}<bf16_t,{_bool(rev)},{_bool(norm)}>"
                          for kern in ("cdp_group_states_tc", "cdp_chunks_tc")
                          for rev, norm in ((False, False), (True, False), (False, True))],
-    "causal_dot_tc_staged.cu": [f"{kern}<bf16_t,{_bool(rev)}>" for kern in ("cdp_group_states_tc_staged",
+    "causal_product/causal_dot_tc_staged.cu": [f"{kern}<bf16_t,{_bool(rev)}>" for kern in ("cdp_group_states_tc_staged",
                                                                              "cdp_chunks_tc_staged")
                                 for rev in (False, True)],
-    "recurrent_step.cu": [f"linear_step<{t}>" for t in DTYPES],
+    "recurrent/recurrent_step.cu": [f"linear_step<{t}>" for t in DTYPES],
 }
-PRELUDE = "dtypes.cuh"  # prepended to every source: the 16-bit types and their conversions
+PRELUDE = "plumbing/dtypes.cuh"  # prepended to every source: the 16-bit types and their conversions
 # Sources another one builds on, compiled before it in its module (only the instances named in
 # SOURCES are compiled, so the templates it borrows cost nothing more).
-REQUIRES = {"causal_dot_tc_staged.cu": ("causal_dot_tc.cu",)}
+REQUIRES = {"causal_product/causal_dot_tc_staged.cu": ("causal_product/causal_dot_tc.cu",)}
 
 
 def source(name: str) -> str:
     """The text NVRTC compiles: the prelude, the files `name` requires, then the file."""
-    return (HERE / PRELUDE).read_text() + "".join(
-        f'#line 1 "{part}"\n' + (HERE / part).read_text() for part in (*REQUIRES.get(name, ()), name))
+    return (ROOT / PRELUDE).read_text() + "".join(
+        f'#line 1 "{part}"\n' + (ROOT / part).read_text() for part in (*REQUIRES.get(name, ()), name))
 
 
 def _nvrtc_compile(name: str, arch: str, *options) -> tuple[str, dict]:
@@ -85,7 +86,7 @@ def nvcc_instantiation_unit(name: str) -> str:
     """A translation unit for nvcc that includes `name` and takes the address of every
     instance, so nvcc compiles each one as the NVRTC build does."""
     refs = ",\n    ".join(f"(const void*)&{expr}" for expr in SOURCES[name])
-    includes = "".join(f'#include "{HERE / part}"\n' for part in (PRELUDE, *REQUIRES.get(name, ()), name))
+    includes = "".join(f'#include "{ROOT / part}"\n' for part in (PRELUDE, *REQUIRES.get(name, ()), name))
     return (includes +
             f'const void* repro_instances[] = {{\n    {refs}\n}};\n')
 

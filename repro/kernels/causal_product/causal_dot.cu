@@ -12,7 +12,7 @@
 // Z = sum_j k_j and writes out_i / (q_i . Z_i + eps): the whole causal linear attention.
 // All arithmetic is fp32 FMA; inputs are fp32, bf16 or fp16 and outputs have the input type.
 //
-// dtypes.cuh (bf16_t, f16_t, to_f, from_f) is prepended by cuda_build.py.
+// plumbing/dtypes.cuh (bf16_t, f16_t, to_f, from_f) is prepended by plumbing/cuda_build.py.
 
 // Tile geometry, mirrored in cupy_backend.py (shared memory sizes) and emulate.py.
 #define CHUNK 64     // tokens per chunk

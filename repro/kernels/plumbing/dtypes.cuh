@@ -1,4 +1,4 @@
-// Shared by every .cu here (cuda_build.py prepends it): the 16-bit float types as plain bit
+// Shared by every .cu of the op folders (plumbing/cuda_build.py prepends it): the 16-bit float types as plain bit
 // containers, converted with PTX, so NVRTC needs no CUDA headers (cuda_bf16.h, cuda_fp16.h).
 
 struct bf16_t { unsigned short bits; };

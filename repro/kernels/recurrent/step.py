@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from repro.kernels import cupy_for
-from repro.kernels.normalised import accumulation_dtype
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 
 @dataclass
@@ -43,7 +43,7 @@ def linear_attention_step(phi_q, phi_k, v, state: LinearState, eps: float):
     updated in place."""
     if state.SZ is not None:
         return _step_on_buffer(phi_q, phi_k, v, state, eps)
-    if cb := cupy_for("step_unsupported_reason", phi_q, phi_k, v, state.S, state.Z):
+    if cb := cupy_for("recurrent", phi_q, phi_k, v, state.S, state.Z):
         return cb.linear_attention_step(phi_q, phi_k, v, state.S, state.Z, eps)  # one launch
     dtype, acc = v.dtype, accumulation_dtype(phi_q.dtype)
     phi_q, phi_k, v = phi_q.to(acc), phi_k.to(acc), v.to(acc)

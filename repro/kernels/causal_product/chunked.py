@@ -24,8 +24,8 @@ state scans' totals say so, scan_chunks), those products and the scans take an e
 a non-finite value to the rows causality lets it reach (_masked_bmm).
 
 On CPU the sequences are taken in groups of ~GROUP_CHUNKS chunks (cache-sized), and with T > 1
-threads the groups run on T Python threads with torch single-threaded (repro.kernels.threads says
-why). On a CPU in fp32 the fused C kernel (repro.kernels.cpu_native) runs the same algorithm first.
+threads the groups run on T Python threads with torch single-threaded (repro.kernels.plumbing.threads says
+why). On a CPU in fp32 the fused C kernel (repro.kernels.causal_product.cpu_native) runs the same algorithm first.
 Speed is measured by `python -m repro.reproduction.cpu_speed` (README: "CPU speed of the core").
 """
 import math
@@ -33,8 +33,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from repro.kernels import cpu_native
-from repro.kernels.threads import may_use_threads, run_groups
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.plumbing.dtypes import accumulation_dtype
+from repro.kernels.plumbing.threads import may_use_threads, run_groups
 
 # On CPU the chunk size comes from measurement (fp32, B = 1, H = 8, N = 4096, 1 thread, fwd + bwd,
 # medians of 15 interleaved rounds; `python -m repro.reproduction.cpu_speed --chunk-sweep --threads 1
@@ -182,7 +183,7 @@ def chunks_backward(q, k, v, g, c, need, outs=(None, None, None), states=None, k
     gradient is one bmm plus one in-place baddbmm_, with no separate add pass. states: the
     forward's chunk states, recomputed when not given; kv_bad: the forward's word on k and v
     (A's masked products take k, q and g: _masked_bmm); rev: (R after each chunk, whether q or g
-    holds an inf or NaN), given by a caller that takes a sequence in blocks (repro.kernels.blocked)."""
+    holds an inf or NaN), given by a caller that takes a sequence in blocks (repro.kernels.normalised.blocked)."""
     n = q.shape[-2]
     nc = -(-n // c)
     # flat_chunks makes g contiguous: after out.sum().backward() it is an expanded stride-0 tensor,
@@ -199,7 +200,7 @@ def chunks_backward(q, k, v, g, c, need, outs=(None, None, None), states=None, k
         r, qg_bad = rev or scan_chunks(torch.bmm(qc.mT, gc), nc, reverse=True)  # (L, D, M) after each chunk
     if need[1]:  # grad k_i = sum_{j>=i} (g_j . v_i) q_j = intra a^T @ q + v_i^T R^T
         grad_k = _place(_masked_bmm(a.mT, qc, qg_bad, True, out=_into(outs[1], c)).baddbmm_(vc, r.mT), k, n, outs[1])
-    a = None  # (L, C, C) freed before p: the backward's workspace is a block's (repro.kernels.blocked)
+    a = None  # (L, C, C) freed before p: the backward's workspace is a block's (repro.kernels.normalised.blocked)
     if need[2]:  # grad v_i = sum_{j>=i} (q_j . k_i) g_j = intra tril(q k^T)^T @ g + k_i^T R
         p = torch.bmm(qc, kc.mT).tril_()  # the forward's scores, recomputed (not saved: O(N C))
         grad_v = _place(_masked_bmm(p.mT, gc, qg_bad, True, out=_into(outs[2], c)).baddbmm_(kc, r), v, n, outs[2])
@@ -276,11 +277,6 @@ def _grouped_backward(q, k, v, g, c, need, states=None, kv_bad=False, native_c=N
     return tuple(None if gr is None else gr.view(x.shape) for gr, x in zip(grads, (q, k, v)))
 
 
-def _compute_dtype(dtype):
-    # Half-precision inputs accumulate in fp32; fp64 stays fp64 (the tests' reference precision).
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def causal_product_grads(product, q, k, v, g, need=(True, True, True)):
     """The causal product's gradients as causal products themselves, by `product(q, k, v)`:
         grad q_i = sum_{j<=i} (g_i . v_j) k_j = product(g, v, k)_i
@@ -296,7 +292,7 @@ def causal_product_grads(product, q, k, v, g, need=(True, True, True)):
 def _chunks(q, v, chunk_size):
     """(the chunked path's C, the fused CPU kernel's C or None when it does not take these inputs):
     chunk_size when given, else each path's measured one."""
-    cd = _compute_dtype(q.dtype)
+    cd = accumulation_dtype(q.dtype)
     native = chunk_size or cpu_native.CHUNK if cpu_native.native(q.device, cd) else None
     return chunk_size or default_chunk_size(q.shape[-1], v.shape[-1], cpu=q.device.type == "cpu"), native
 
@@ -306,7 +302,7 @@ class CausalDotProduct(torch.autograd.Function):
     def forward(ctx, q, k, v, chunk_size, grad_enabled, out_dtype):
         ctx.chunk_size = chunk_size
         c, native_c = _chunks(q, v, chunk_size)
-        cd = _compute_dtype(q.dtype)
+        cd = accumulation_dtype(q.dtype)
         # Autocast must not push the matmuls back down to bf16: the accumulation is the point.
         with torch.autocast(q.device.type, enabled=False):
             # grad q's chunk states are kept from here when it will be needed (only then: the
@@ -321,7 +317,7 @@ class CausalDotProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, states = ctx.saved_tensors
-        cd, need = _compute_dtype(q.dtype), ctx.needs_input_grad[:3]
+        cd, need = accumulation_dtype(q.dtype), ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():
             # create_graph: the gradients by this Function again, on the saved inputs (which keep
             # their graph now), so that they are differentiable in turn; the fused backward below
@@ -342,7 +338,7 @@ def causal_dot_product_chunked_backward(q, k, v, g, need=(True, True, True), chu
     that recomputes q, k, v instead of keeping them. The chunk states are recomputed (one matmul
     and a scan), where the Function keeps them from its forward."""
     c, native_c = _chunks(q, v, chunk_size)
-    cd = _compute_dtype(q.dtype)
+    cd = accumulation_dtype(q.dtype)
     with torch.autocast(q.device.type, enabled=False):
         grads = _grouped_backward(q.to(cd), k.to(cd), v.to(cd), g.to(cd), c, tuple(need), native_c=native_c)
     return tuple(None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v)))

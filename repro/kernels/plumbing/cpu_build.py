@@ -1,5 +1,5 @@
 """Build and load a C shared library on first use, through a cache that cannot crash or subvert
-the process (repro.kernels.cpu_native's fused kernels are built here).
+the process (repro.kernels.causal_product.cpu_native's fused kernels are built here).
 
     load(stem, sources, headers, flags, symbols) -> (ctypes.CDLL, None) or (None, why not)
 

@@ -1,7 +1,7 @@
 """The linear layer's normalised attention outside autograd, from q, k, v and a feature map, in
 bounded workspace: its autograd Function (repro.attention.linear) keeps only q, k, v, the output
 y and inv = 1 / (den + eps) and recomputes the rest here in its backward. (Causal fp32 calls with
-phi = elu + 1 on the CPU take repro.kernels.cpu_layer instead, which holds no workspace at all.)
+phi = elu + 1 on the CPU take repro.kernels.normalised.cpu_layer instead, which holds no workspace at all.)
 
     y = num * inv,  [num | den] = phi(Q) [S | Z]  (causal: the sums over j <= i, by the causal product on [v, 1])
 
@@ -20,8 +20,9 @@ the gradient of x[index] into out: the layer's feature map, index = (batch, head
 """
 import torch
 
-from repro.kernels import causal_dot_product, causal_dot_product_backward, cpu_native
-from repro.kernels.chunked import (
+from repro.kernels import causal_dot_product, causal_dot_product_backward
+from repro.kernels.causal_product import cpu_native
+from repro.kernels.causal_product.chunked import (
     as_rows,
     chunks_backward,
     chunks_forward,
@@ -29,7 +30,7 @@ from repro.kernels.chunked import (
     flat_chunks,
     scan_chunks,
 )
-from repro.kernels.threads import may_use_threads, run_groups
+from repro.kernels.plumbing.threads import may_use_threads, run_groups
 
 # Workspace of one group or block of the backward, per thread: about 4 F + 4 (M + 1) + 2 C fp32
 # values per (row, token) (phi(Q), phi(K), [v, 1], [g inv | .], their gradients, the chunk states, a

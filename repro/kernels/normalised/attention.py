@@ -8,23 +8,19 @@ ones column of V (one pass over [V, 1]), its sums kept in fp32 for half-precisio
 overflow fp16 at long N) and only the normalised output rounded. The attention layer
 (repro.attention.linear) computes phi and calls this.
 
-repro.kernels.blocked's normalised_forward and normalised_backward are the same attention
+repro.kernels.normalised.blocked's normalised_forward and normalised_backward are the same attention
 (causal or not) outside autograd, from the layer's q, k, v and its feature map, for the layer's own autograd Function,
 which keeps only q, k, v, the output and 1 / (den + eps) and recomputes phi and [v, 1] in its
 backward (the layer then keeps no more for backward than SDPA softmax: docs/attention.md). On CPU
 both take the (batch, head) rows in groups, and the backward long rows in blocks of tokens, each
-from phi to the finished gradient before the next (repro.kernels.blocked), so that the layer's
+from phi to the finished gradient before the next (repro.kernels.normalised.blocked), so that the layer's
 peak memory is SDPA's too: the full-size phi(Q), phi(K), [v, 1], their gradients and the chunk
 workspace never exist at once.
 """
 import torch
 
 from repro.kernels import causal_dot_product, cupy_for
-
-
-def accumulation_dtype(dtype):
-    """Sums over the sequence run in fp32 (fp64 for fp64): sum phi(K) overflows fp16 otherwise."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from repro.kernels.plumbing.dtypes import accumulation_dtype
 
 
 class _Normalise(torch.autograd.Function):
@@ -56,7 +52,7 @@ class _Normalise(torch.autograd.Function):
 
 def causal_linear_attention(phi_q, phi_k, v, eps: float):
     """(B, H, N, F), (B, H, N, F), (B, H, N, M) -> (B, H, N, M): V' above, in v's dtype."""
-    if cb := cupy_for("linear_attention_unsupported_reason", phi_q, phi_k, v):
+    if cb := cupy_for("normalised", phi_q, phi_k, v):
         return cb.causal_linear_attention(phi_q, phi_k, v, eps)  # numerator and normaliser in one pass
     # phi(q_i) . sum_{j<=i} phi(k_j) is the product's ones column: one causal pass over [v, 1]
     # gives [num | den], instead of a second pass of cumsum, product and sum over (B, H, N, F).

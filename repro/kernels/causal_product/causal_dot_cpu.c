@@ -1,12 +1,12 @@
 /* The causal dot product on the CPU, fused: one pass per sequence, chunk by chunk, every
- * intermediate in a few cache-sized buffers. The same chunked algorithm as repro/kernels/chunked.py
+ * intermediate in a few cache-sized buffers. The same chunked algorithm as repro/kernels/causal_product/chunked.py
  * (that file's docstring has the formulas), without its per-op cost: there each chunk product is
  * a batched BLAS call over all chunks, and the BLAS's small-matrix path (MKL's on AMD above all)
  * runs at a fraction of its large-GEMM rate. Here every product is the small register-blocked
  * kernel `gemm` below, on operands that stay in L1/L2.
  *
  * Layout: q, k (rows, N, D), v, out (rows, N, M), fp32, contiguous; a row is one (batch, head)
- * sequence. Built on first use by repro/kernels/cpu_native.py (cc -O3 -march=native), called
+ * sequence. Built on first use by repro/kernels/causal_product/cpu_native.py (cc -O3 -march=native), called
  * through ctypes, which releases the GIL: the caller's host threads run groups of rows.
  *
  * Non-finite inputs: an inf or NaN in k or v (q and g in the backward) would reach masked
@@ -14,7 +14,7 @@
  * sequence's total state (sum k v^T; in the backward also sum q g^T) is not finite, which an inf
  * or NaN in those inputs always makes it, and the caller then takes the chunked path's exact one.
  * No -ffast-math: isfinite must stay a real test. */
-#include "cpu_blas.h"
+#include "../plumbing/cpu_blas.h"  /* shared with the other op's C kernel */
 
 /* out_i = sum_{j <= i} (q_i . k_j) v_j + q_i^T S0. state (rows, D, M): NULL, or the state before
  * each row (S0), replaced by the state after it. Returns 1 when a row's total state is not finite. */
