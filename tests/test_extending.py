@@ -22,6 +22,11 @@ PAGE = REPO / "docs" / "extending.md"
 ADDED = {"mean_attention.py": "repro/attention/mean.py", "mean.yaml": "conf/attention/mean.yaml",
          "toy_test_mean_attention.py": "tests/test_mean_attention.py", "norms.py": "repro/tasks/norms.py",
          "norms_task.yaml": "conf/task/norms.yaml", "norms_section.py": "repro/reproduction/report/norms.py"}
+# docs/extending.md, "Adding a kernel": the example op's files and where they go
+KERNEL_ADDED = {"causal_mean/__init__.py": "repro/kernels/<op>/__init__.py",
+                "causal_mean/reference.py": "repro/kernels/<op>/reference.py",
+                "causal_mean/chunked.py": "repro/kernels/<op>/chunked.py",
+                "toy_test_causal_mean.py": "tests/test_<op>.py"}
 
 
 def test_the_documented_files_are_the_ones_added():
@@ -86,3 +91,50 @@ def user_commands():
     assert len(lines) == 2 and "task=conformance" in lines[0] and "experiment=smoke_copy" in lines[1], lines
     check, copy = (shlex.split(line) for line in lines)
     return check + ["hydra.run.dir=outputs/conformance"], copy
+
+
+def test_a_kernel_added_as_documented_is_checked_against_its_reference(tmp_path):
+    """"Adding a kernel" followed in a copy of the repository: the op folder's files where the page
+    says, its test passes, the layout check flags the folder until KERNEL_FOLDERS names it; with a
+    wrong PyTorch path the same test fails. Every op folder of the suite has the files the page
+    lists as every folder's (its docstring) and its line in docs/kernels.md."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from test_structure import KERNEL_FOLDERS, misplaced_kernel_files
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    page = PAGE.read_text()
+    section = page[page.index("## Adding a kernel"):]
+    end = section.find("\n## ", 5)
+    section = section if end < 0 else section[:end]
+    for src, dest in KERNEL_ADDED.items():
+        assert f"`{dest}`" in section and f"`tests/extending/{src}`" in section, (src, dest)
+    assert "`KERNEL_FOLDERS` of `tests/test_structure.py`" in section and "`docs/kernels.md`" in section
+    kernels_doc = (REPO / "docs" / "kernels.md").read_text()
+    for folder in KERNEL_FOLDERS:
+        assert (REPO / "repro" / "kernels" / folder / "__init__.py").read_text().startswith('"""'), folder
+        assert f"{folder}/" in kernels_doc, folder
+
+    clone = tmp_path / "repo"
+    shutil.copytree(REPO / "repro", clone / "repro", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (clone / "tests").mkdir()
+    for src, dest in KERNEL_ADDED.items():
+        target = clone / dest.replace("<op>", "causal_mean")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(TOY / src, target)
+    assert misplaced_kernel_files(clone / "repro" / "kernels") != []  # until the folder is named
+    assert misplaced_kernel_files(clone / "repro" / "kernels") == sorted(
+        f"causal_mean/{Path(d).name}" for d in KERNEL_ADDED.values() if d.startswith("repro/"))
+    env = {**os.environ, "PYTHONPATH": str(clone), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+    def test_op():
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_causal_mean.py"]
+        return subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+
+    res = test_op()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    chunked = clone / "repro" / "kernels" / "causal_mean" / "chunked.py"
+    chunked.write_text(chunked.read_text().replace("torch.arange(1, ", "torch.arange(2, ").replace(
+        "v.shape[2] + 1,", "v.shape[2] + 2,"))  # divides by i + 1: off by one
+    res = test_op()
+    assert res.returncode != 0 and "failed" in res.stdout, res.stdout[-3000:]
