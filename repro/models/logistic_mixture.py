@@ -11,13 +11,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+from repro.kernels.plumbing.dtypes import accumulation_dtype
+
 HALF_BIN = 1.0 / 255.0  # half the width of a bin in [-1, 1]
 LOG_SCALE_MIN = -7.0
 
 
 def split_params(params):
     """(..., 3K) -> logits, mu, log_s, each (..., K), in fp32 (fp64 stays fp64)."""
-    params = params.to(torch.float64 if params.dtype == torch.float64 else torch.float32)
+    params = params.to(accumulation_dtype(params.dtype))
     logits, mu, log_s = params.chunk(3, dim=-1)
     return logits, mu, log_s.clamp(min=LOG_SCALE_MIN)
 

@@ -125,7 +125,7 @@ def report_shapes() -> dict:
     """REPORT, and a list of folders for any other section a module of the report package declares."""
     from repro.reproduction.report.sections import section_modules
 
-    names = [name for m in section_modules() for _, name, _ in m.SECTIONS]
+    names = [name for m in section_modules() for _, name, _ in m.SECTIONS if name != "claims"]  # claims: its own key
     return {**{name: FOLDERS for name in names}, **REPORT}
 
 

@@ -5,7 +5,7 @@ without it, since the fused C kernel and the PyTorch path differ by several time
     layer_backend(layer, batch, n, dtype, device, causal) -> {"kernel_backend": name, "kernel_backend_why": why,
                                                               "kernel_fallback": bool}
 
-name: "cpu" (the fused C kernels: the linear layer's fused CPU layer, repro.kernels.cpu_layer, or
+name: "cpu" (the fused C kernels: the linear layer's fused CPU layer, repro.kernels.normalised.cpu_layer, or
 the causal product's C kernel), "cupy" (the CUDA kernels) or "torch" (PyTorch operations); why: the
 path taken and, for "torch" where a kernel exists for such inputs (kernel_fallback), why none was
 taken (the dispatcher's own words: no C compiler, REPRO_KERNEL=torch, ...). The layer's own
@@ -61,9 +61,9 @@ def _linear(layer, batch, n, dtype, device, grad) -> tuple[str, str, bool]:
             return "cupy", "the fused CUDA kernel of the normalised linear attention", False
         return _dispatcher(phi, phi, _stand_in((batch, h, n, m + 1), dtype, device, grad), acc, wide=acc != dtype)
     if cpu_layer.applies(q, q, v, True, layer.feature_map):
-        return "cpu", "the fused CPU layer (phi = elu + 1, fp32; repro.kernels.cpu_layer)", False
+        return "cpu", "the fused CPU layer (phi = elu + 1, fp32; repro.kernels.normalised.cpu_layer)", False
     if cpu_native.native(device, acc):
-        return "cpu", "the fused C kernel of the causal product (repro.kernels.blocked)", False
+        return "cpu", "the fused C kernel of the causal product (repro.kernels.normalised.blocked)", False
     phi = _stand_in((batch, h, n, f), acc, device, grad)  # the normalised path: phi and [v, 1] in acc
     return _dispatcher(phi, phi, _stand_in((batch, h, n, m + 1), acc, device, grad), acc)
 
@@ -113,7 +113,7 @@ def product_backend(q, k, v, chunked: bool = False) -> dict:
 
 
 def step_backend(layer, batch: int, dtype, device) -> dict:
-    """The row fields for the recurrent step of `layer` (generation, repro.kernels.recurrent), one
+    """The row fields for the recurrent step of `layer` (generation, repro.kernels.recurrent.step), one
     token of a batch."""
     from repro.attention.linear import LinearAttention
     from repro.kernels import cupy_unavailable
