@@ -65,8 +65,10 @@ def test_bad_input_is_one_line(tmp_path):
 def test_each_timed_call_follows_its_settle_calls(tmp_path):
     """--settle N runs each method N times, untimed, right before each timed call (at T > 1
     threads the previous method's OpenMP threads would otherwise still be spinning)."""
+    from repro.common import timing
+
     order = []
-    cpu_speed.interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=2, warmup=0,
+    timing.interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=2, warmup=0,
                           settle=1)
     assert "".join(order) == "aabbaabb"
     with pytest.raises(SystemExit, match="--settle=-1: must be >= 0"):

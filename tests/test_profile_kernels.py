@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
+from repro.common import timing
 from repro.reproduction import profile_kernels
 
 
@@ -69,8 +70,8 @@ def test_switches_turn_variants_on_for_every_part_and_keep_their_files_apart(tmp
 
 
 def test_one_call_runs_forward_and_backward_of_the_op():
+    from repro.common.timing import one_call
     from repro.kernels.causal_product.reference import causal_dot_product_naive
-    from repro.reproduction.bench import one_call
 
     (q, k, v), up = profile_kernels.inputs(1, 2, 9, 4, 3, torch.float64, torch.device("cpu"), grad=True)
     seen = []
@@ -104,7 +105,7 @@ def test_layer_part_times_each_layer_and_counts_its_kernels(tmp_path, monkeypatc
         seen.append(calls)
         return [{"kernel": "k", "us_per_call": 1.0, "launches_per_call": 3.0, "share": 1.0}]
 
-    monkeypatch.setattr(profile_kernels, "event_ms", lambda fn: (fn(), 2.5)[1])
+    monkeypatch.setattr(timing, "repeat", lambda fn, **kw: (fn(), timing.Timings(2.5 / 1e3, []))[1])
     monkeypatch.setattr(profile_kernels, "profile_pass", fake_profile)
     monkeypatch.setattr(profile_kernels, "LAYERS", (("softmax", None), ("linear", "torch")))
     args = argparse.Namespace(dtypes=["fp32"])
@@ -142,7 +143,7 @@ def test_model_part_trains_each_model_a_step_and_writes_its_kernels(tmp_path, mo
         return [{"kernel": "gemm", "us_per_call": 1500.0, "launches_per_call": 40.0, "share": 0.75},
                 {"kernel": "elu", "us_per_call": 500.0, "launches_per_call": 2.0, "share": 0.25}]
 
-    monkeypatch.setattr(profile_kernels, "event_ms", lambda fn, **kw: (fn(), 31.0)[1])
+    monkeypatch.setattr(timing, "repeat", lambda fn, **kw: (fn(), timing.Timings(31.0 / 1e3, []))[1])
     monkeypatch.setattr(profile_kernels, "profile_pass", fake_profile)
     monkeypatch.setattr(profile_kernels, "MODEL", {**profile_kernels.MODEL, "n_layers": 1, "d_model": 16, "d_ff": 32})
     monkeypatch.setattr(profile_kernels, "VALUES", 20)
@@ -200,7 +201,7 @@ def test_variants_part_interleaves_the_switches_and_restores_them(tmp_path, monk
 
     fake = SimpleNamespace(launch=launch, cdp_backward=backward)
     was = switches.Switches(bare_smem=True, vec_loads=False, staged=True)
-    monkeypatch.setattr(profile_kernels, "event_ms", lambda fn: (fn(), 1.5)[1])
+    monkeypatch.setattr(timing, "repeat", lambda fn, **kw: (fn(), timing.Timings(1.5 / 1e3, []))[1])
     args = argparse.Namespace(lengths=[16, 32])
     with switches.switched("bare_smem,staged"):
         profile_kernels.variants_part(args, provenance(torch.device("cpu")), str(tmp_path), fake, torch.device("cpu"))

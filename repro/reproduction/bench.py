@@ -40,12 +40,12 @@ import argparse
 import importlib.metadata
 import json
 import os
-import statistics
-import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from repro.common import timing
 from repro.common.results import REPO, atomic_write, provenance, read_jsonl, rows_to_csv
 from repro.kernels import causal_dot_product_chunked, delta_rule_dot_product, gated_causal_dot_product
 from repro.kernels.causal_product import cuda as product_cuda
@@ -113,41 +113,24 @@ class Timer:
             self.flush_bytes = 2 * l2
             self.buffer = torch.empty(self.flush_bytes, dtype=torch.uint8, device=device)
 
-    def _sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def _flushed(self, fn):
+        """fn after an L2 flush (on CUDA): no call finds the previous one's data in L2."""
+        if not self.flush_bytes:
+            return fn
 
-    def _wall_ms(self, fn):
-        self._sync()
-        t0 = time.perf_counter()
-        fn()
-        self._sync()
-        return (time.perf_counter() - t0) * 1e3
-
-    def _pair_ms(self, fn, calls):
-        if self.device.type != "cuda":
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            return (time.perf_counter() - t0) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
+        def run():
             self.buffer.zero_()
-            if fn is not None:
-                fn()
-        end.record()
-        torch.cuda.synchronize(self.device)
-        return start.elapsed_time(end)
+            fn()
+        return run
 
     def __call__(self, fn, warmup, repeats):
         """(ms per call, calls per pair, pairs)."""
-        call_ms = self._wall_ms(fn)  # the first warm-up call: how long may this point take?
+        call_ms = 1e3 * timing.time_calls(fn, self.device).seconds  # the first warm-up call: how long may it take?
         warmed = 1
         if self.max_call_s and call_ms > 1e3 * self.max_call_s:
             # A first call can carry a one-off cost (Triton compiles and autotunes fla's kernels
             # there: 28 s on the H100); only a second, warm call that is as slow skips the point.
-            call_ms, warmed = self._wall_ms(fn), 2
+            call_ms, warmed = 1e3 * timing.time_calls(fn, self.device).seconds, 2
             if call_ms > 1e3 * self.max_call_s:
                 raise TooSlow(f"{WARM_SKIP} {call_ms / 1e3:.1f} s (over --max-call-s {self.max_call_s})")
         first_ms = call_ms
@@ -156,11 +139,11 @@ class Timer:
             allowed = max(1, int(1e3 * self.budget_s / max(first_ms, 1e-3)))  # calls that fit the budget
             calls = max(1, min(calls, allowed // max(repeats, 1)))
             repeats = max(1, min(repeats, allowed // calls))
-        for _ in range(warmup - warmed):
-            fn()
-        total = statistics.median(self._pair_ms(fn, calls) for _ in range(repeats))
-        flush = statistics.median(self._pair_ms(None, calls) for _ in range(repeats)) if self.flush_bytes else 0.0
-        return max(total - flush, 0.0) / calls, calls, repeats
+        timing.warm_up(fn, warmup - warmed)
+        pairs = dict(device=self.device, calls=calls, events=True)
+        total = timing.repeat(self._flushed(fn), repeats, **pairs).median
+        flush = timing.repeat(self.buffer.zero_, repeats, **pairs).median if self.flush_bytes else 0.0
+        return 1e3 * max(total - flush, 0.0), calls, repeats
 
 
 def copy_bandwidth(device, nbytes=None, repeats=10):
@@ -200,26 +183,6 @@ def make_inputs(peer, b, h, n, d, m, dtype, device, backward):
         # fla takes its decays and betas in the inputs' dtype; ours keep fp32 decays, as the layers do
         xs.append(x.to(dtype if peer.layout == "bnhd" else torch.float32).requires_grad_(backward and learned))
     return xs, mk(m).to(dtype)
-
-
-def one_call(fn, xs, grad, backward):
-    """One call of a pass on xs: fn's forward without autograd, or forward + backward (the
-    gradients of the inputs that require them, against grad). repro.reproduction.profile_kernels
-    profiles the same calls."""
-    wrt = [x for x in xs if x.requires_grad]
-    if backward:
-        def run():
-            torch.autograd.grad(fn(*xs), wrt, grad)
-    else:
-        def run():
-            with torch.no_grad():
-                fn(*xs)
-    return run
-
-
-def measure(peer, b, h, n, d, m, dtype, device, backward, timer, warmup, repeats):
-    xs, grad = make_inputs(peer, b, h, n, d, m, dtype, device, backward)
-    return timer(one_call(peer.fn, xs, grad, backward), warmup, repeats)
 
 
 def _append(path, row):
@@ -298,6 +261,12 @@ def main(argv=None):
     done = {tuple(r.get(c) for c in KEY) for r in current
             if r["status"] in ("ok", "oom") or r["status"].startswith(f"skipped: {WARM_SKIP}")}
     timer = Timer(device, args.calls, args.point_budget_s, args.max_call_s)
+
+    def in_turn(calls):  # one method at a time (a point's row is written before the next is timed)
+        return {name: timer(call, args.warmup, args.repeats) for name, call in calls.items()}
+
+    def inputs_of(peer, n, dtype, _, backward):
+        return make_inputs(peer, args.batch, args.heads, n, args.dim, args.dim, dtype, device, backward)
     too_slow = {}  # (method, pass, dtype) -> the N whose warm call was over --max-call-s
     for r in current:
         if (r["status"].startswith(f"skipped: {WARM_SKIP}")
@@ -311,7 +280,7 @@ def main(argv=None):
         dtype = DTYPES[dtype_name]
         for n in args.lengths:
             tensor_bytes = b * h * n * d * (torch.finfo(dtype).bits // 8)
-            for pass_name, backward, n_tensors in (("fwd", False, 4), ("fwd_bwd", True, 11)):
+            for pass_name, n_tensors in (("fwd", 4), ("fwd_bwd", 11)):
                 floor_ms = n_tensors * tensor_bytes / bandwidth * 1e3
                 for name in args.methods:
                     peer = methods[name]
@@ -329,8 +298,9 @@ def main(argv=None):
                         row["status"] = f"missing: {name} takes {', '.join(str(t) for t in peer.dtypes)} only"
                     else:
                         try:
-                            ms, calls, pairs = measure(peer, b, h, n, d, d, dtype, device, backward, timer,
-                                                       args.warmup, args.repeats)
+                            inputs = partial(inputs_of, peer, n, dtype)
+                            ms, calls, pairs = timing.time_product({name: peer.fn}, inputs, [pass_name],
+                                                                   in_turn)[pass_name][name]
                             row.update(status="ok", ms=ms, pct_of_floor=100 * floor_ms / max(ms, 1e-9),
                                        calls_per_event_pair=calls, event_pairs=pairs)
                         except TooSlow as err:

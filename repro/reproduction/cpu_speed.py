@@ -40,12 +40,13 @@ import json
 import os
 import statistics
 import sys
-import time
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from repro.common import timing
 from repro.common.results import REPO, atomic_write, provenance, rows_to_csv
 from repro.kernels import select_backend
 from repro.kernels.causal_product import cpu_native
@@ -64,39 +65,19 @@ def _load():
     return list(os.getloadavg())
 
 
-def interleaved(fns: dict, rounds: int, warmup: int = 1, settle: int = 0) -> dict:
-    """name -> (median seconds, all times): every round runs each fn once, in turn, so a load
-    change on the shared machine hits every method alike. Each timed call follows `settle`
-    untimed calls of the same fn: at T > 1 threads the OpenMP threads of the previous method's
-    parallel regions (the peer's, SDPA's) keep spinning for a while after it returns, and on 2
-    cores they take them from the next method's first moments (measured: ours 7.3 ms fwd + bwd at
-    N = 1,024 alone, 11.6 ms right after the peer)."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            for _ in range(settle):
-                fn()
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    return {name: (statistics.median(ts), ts) for name, ts in times.items()}
-
-
 def _qkv(b, h, n, d, m, grad=True, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(b, h, n, x, generator=g) * 0.5).requires_grad_(grad) for x in (d, d, m)]
 
 
-def _fwd_bwd(fn, q, k, v, g):
-    return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), g)
+def _interleaved(args):
+    """A timer for timing.time_product: its calls interleaved, --rounds rounds, --settle calls."""
+    return lambda calls: timing.interleaved(calls, args.rounds, settle=args.settle)
 
 
 def gemm_gflops(rounds, settle=0):
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    sec, _ = interleaved({"gemm": lambda: a @ b}, rounds, settle=settle)["gemm"]
+    sec = timing.interleaved({"gemm": lambda: a @ b}, rounds, settle=settle)["gemm"].median
     return 2 * 1024 ** 3 / sec / 1e9
 
 
@@ -127,17 +108,17 @@ def kernel_rows(base, args, peer_fn, peer_note):
         g = torch.randn(b, h, n, d)
         backend = _backend(q)
         common = dict(measure="kernel_vs_peer", pass_="fwd_bwd", n=n, batch=b, heads=h, d=d, m=d)
-        fns = {"ours": _fwd_bwd(causal_dot_product_chunked, q, k, v, g)}
+        ops = {"ours": causal_dot_product_chunked}
         if backend != "torch":
-            fns["ours_torch"] = _fwd_bwd(plain_pytorch(causal_dot_product_chunked), q, k, v, g)
+            ops["ours_torch"] = plain_pytorch(causal_dot_product_chunked)
         if peer_fn is None:
             rows.append(_row(base, **common, method=PEER, status=peer_note))
         else:
-            fns[PEER] = _fwd_bwd(peer_fn, q, k, v, g)
+            ops[PEER] = peer_fn
             with torch.no_grad():  # the peer must compute the same thing
                 err = (peer_fn(q, k, v) - causal_dot_product_chunked(q, k, v)).abs().max().item()
-        t = interleaved(fns, args.rounds, settle=args.settle)
-        for name in fns:
+        t = timing.time_product(ops, lambda *_, x=(q, k, v), g=g: (x, g), ["fwd_bwd"], _interleaved(args))["fwd_bwd"]
+        for name in ops:
             extra = {}
             if peer_fn is not None:
                 extra = dict(max_abs_diff=err, peer_version=peer_note)
@@ -168,10 +149,10 @@ def pass_rows(base, args, gemm):
         with torch.no_grad():
             causal_dot_product_chunked(q, k, v)
 
-    t = interleaved({"forward": fwd,
-                     "backward_dense": lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True),
-                     "backward_sum": lambda: torch.autograd.grad(total, (q, k, v), retain_graph=True)},
-                    args.rounds, settle=args.settle)
+    t = timing.interleaved({"forward": fwd,
+                            "backward_dense": lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True),
+                            "backward_sum": lambda: torch.autograd.grad(total, (q, k, v), retain_graph=True)},
+                           args.rounds, settle=args.settle)
     backend = _backend(q)
     c = cpu_native.CHUNK if backend == "cpu" else default_chunk_size(d, d, cpu=True)
     f_ms, bd_ms, bs_ms = (1e3 * t[x][0] for x in ("forward", "backward_dense", "backward_sum"))
@@ -209,7 +190,7 @@ def layer_rows(base, args):
         fns = {name: (lambda layer=layer, x=x, g=g:
                       torch.autograd.grad(layer(x, causal=True), (x, *layer.parameters()), g))
                for name, layer in layers.items()}
-        t = interleaved(fns, args.rounds, settle=args.settle)
+        t = timing.interleaved(fns, args.rounds, settle=args.settle)
         ratio = t["softmax"][0] / t["linear"][0]
         for name in layers:
             rows.append(_row(base, measure="layer", pass_="fwd_bwd", method=name, n=n, batch=b, heads=8, d=32, m=32,
@@ -255,9 +236,8 @@ def generation_rows(base, args):
         times = {"linear-compiled": [], "matvec-floor": []}
         for _ in range(args.generation_rounds):
             with torch.compiler.set_stance("fail_on_recompile"):
-                t = time.perf_counter()
-                generate(model, first, length, dmol.sample)
-                times["linear-compiled"].append(time.perf_counter() - t)
+                image = partial(generate, model, first, length, dmol.sample)
+                times["linear-compiled"].append(timing.time_calls(image).seconds)
             times["matvec-floor"].append(time_floor(model, length, 1, cpu, steps=length - 1)[0])
         med = {k: statistics.median(v) for k, v in times.items()}
         ratio = med["linear-compiled"] / med["matvec-floor"]
@@ -276,10 +256,8 @@ def chunk_sweep(args):
     for d, m in args.sweep_dims:
         q, k, v = _qkv(1, 8, args.pass_length, d, m, seed=d * 1000 + m)
         g = torch.randn(1, 8, args.pass_length, m)
-        fns = {c: (lambda c=c, q=q, k=k, v=v, g=g:
-                   torch.autograd.grad(causal_dot_product_chunked(q, k, v, c), (q, k, v), g))
-               for c in args.sweep_chunks}
-        t = interleaved(fns, args.rounds, settle=args.settle)
+        ops = {c: partial(causal_dot_product_chunked, chunk_size=c) for c in args.sweep_chunks}
+        t = timing.time_product(ops, lambda *_, x=(q, k, v), g=g: (x, g), ["fwd_bwd"], _interleaved(args))["fwd_bwd"]
         best = min(t, key=lambda c: t[c][0])
         print(f"D={d:3d} M={m:3d}  " + "  ".join(f"C={c}: {1e3 * t[c][0]:7.1f} ms" for c in t)
               + f"  best C={best} (default {default_chunk_size(d, m, cpu=True)})  load {_load()}")
@@ -358,7 +336,7 @@ def _run(args, argv):
         print(f"GEMM (1024^3 fp32): {gemm:.0f} GFLOP/s")
         rows, fused = [], _backend(torch.empty(1, 1, 1, 1)) != "torch"
         parts = {"kernel": lambda: kernel_rows(base, args, peer_fn, note), "pass": lambda: pass_rows(base, args, gemm),
-                 "successors": lambda: successor_rows(base, args, interleaved, _row, plain_pytorch if fused else None),
+                 "successors": lambda: [_row(base, **r) for r in successor_rows(args, torch_pieces=fused)],
                  "layer": lambda: layer_rows(base, args), "generation": lambda: generation_rows(base, args)}
         for part in args.rows:
             for r in parts[part]():

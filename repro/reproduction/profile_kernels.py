@@ -25,11 +25,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from functools import partial
 
 import torch
 
+from repro.common import timing
 from repro.common.results import atomic_write, provenance, rows_to_csv
 from repro.kernels.plumbing import cuda_grid
 from repro.kernels.plumbing.switches import switched
@@ -80,32 +80,9 @@ def profile_pass(fn, calls: int):
     return kernel_shares(prof.key_averages(), calls)
 
 
-def host_us_per_call(fn, calls: int = 200) -> float:
-    """Wall time per call of a problem whose GPU work is tiny: the host's launch path."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def event_ms(fn, repeats: int = 15, calls: int = 3) -> float:
-    """Median over `repeats` CUDA event pairs of the ms per call of fn (after two warm calls)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
+# CUDA event pairs: the median over 15 pairs of 3 calls each, after two warm calls (compiles, caches)
+EVENTS = dict(repeats=15, warmup=2, calls=3, events=True)
+HOST = dict(repeats=1, warmup=5, calls=200)  # the wall clock around 200 calls of a tiny problem, after 5
 
 
 def group_counts(n_chunks: int) -> list[int]:
@@ -156,7 +133,7 @@ def kernels_part(args, base, out_dir, cuda, device):
         for n in args.lengths:
             for pass_name, grad in (("fwd", False), ("fwd_bwd", True)):
                 (q, k, v), up = inputs(8, 8, n, 64, 64, DTYPES[dtype_name], device, grad)
-                fn = bench.one_call(cuda.causal_dot_product, (q, k, v), up, grad)
+                fn = timing.one_call(cuda.causal_dot_product, (q, k, v), up, grad)
                 for r in profile_pass(fn, args.calls):
                     rows.append({**base, "task": "kernels.profile", "pass": pass_name, "dtype": dtype_name,
                                  "batch": 8, "heads": 8, "n": n, "d": 64, "m": 64, **r})
@@ -181,7 +158,7 @@ def host_paths(cuda, q, k, v, up) -> dict:
     return {"launch": lambda: cuda.launch(q3, k3, v3), "op_fwd": op_fwd,
             "op_bwd": lambda: cuda.cdp_backward(qd, kd, vd, up),
             "fwd": lambda: cuda.causal_dot_product(q, k, v),  # the autograd graph built, unused
-            "fwd_bwd": bench.one_call(cuda.causal_dot_product, (q, k, v), up, True)}
+            "fwd_bwd": timing.one_call(cuda.causal_dot_product, (q, k, v), up, True)}
 
 
 def host_part(args, base, out_dir, cuda, device):
@@ -191,7 +168,7 @@ def host_part(args, base, out_dir, cuda, device):
     for dtype_name in args.dtypes:
         (q, k, v), up = inputs(1, 1, 64, 64, 64, DTYPES[dtype_name], device, True)
         for path, fn in host_paths(cuda, q, k, v, up).items():
-            us = host_us_per_call(fn)
+            us = 1e6 * timing.repeat(fn, device=device, **HOST).median  # the launch path's own time
             if path == "fwd_bwd":
                 profiles.append(f"## {dtype_name} {path}: {us:.1f} us per call\n{host_profile(fn)}")
             host.append({**base, "task": "kernels.host", "pass": path, "dtype": dtype_name, "batch": 1,
@@ -225,7 +202,7 @@ def variants_part(args, base, out_dir, cuda, device):
                 with switched(**flags):
                     for pass_, fn in calls.items():
                         outs[variant, pass_] = _tensors(fn())
-                        ms = event_ms(fn)
+                        ms = 1e3 * timing.repeat(fn, device=device, **EVENTS).median
                         rows.append({**base, "task": "kernels.variants", "pass": pass_, "dtype": "bf16", "batch": 8,
                                      "heads": 8, "n": n, "d": 64, "m": 64, "variant": variant, **flags,
                                      "round": rnd, "ms": ms})
@@ -266,7 +243,7 @@ def layer_part(args, base, out_dir, cuda, device):
                 torch.autograd.grad(layer(x, causal=True), (x, *layer.parameters()), up)
 
             with forcing(kernel) if kernel else contextlib.nullcontext():
-                ms = event_ms(fn)
+                ms = 1e3 * timing.repeat(fn, device=device, **EVENTS).median
                 kernels = profile_pass(fn, 5)
             busy, launches = busy_and_launches(kernels)
             rows.append({**base, "task": "kernels.layer", "attention": name, "kernel": kernel or "dispatcher",
@@ -307,7 +284,8 @@ def model_part(args, base, out_dir, cuda, device):
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        ms, kernels = event_ms(step, repeats=5, calls=2), profile_pass(step, 3)
+        ms = 1e3 * timing.repeat(step, device=device, **{**EVENTS, "repeats": 5, "calls": 2}).median
+        kernels = profile_pass(step, 3)
         busy, launches = busy_and_launches(kernels)
         rows.append({**base, "task": "kernels.model", "attention": name, "dtype": "fp32", "batch": BATCH,
                      "n": VALUES - 1, **MODEL, "ms_per_step": ms,
@@ -380,7 +358,8 @@ def groups(args, base, out_dir, cuda, device):
             default, _, _ = cuda_grid.grid(64, n, 64, sms)
             for cpg in group_counts(-(-n // cuda_grid.CHUNK)):
                 _, n_groups, n_mt = cuda_grid.grid(64, n, 64, sms, cpg)
-                ms = event_ms(lambda c=cpg, x=(q, k, v): cuda.launch(*x, cpg=c))
+                launch = partial(cuda.launch, q, k, v, cpg=cpg)
+                ms = 1e3 * timing.repeat(launch, device=device, **EVENTS).median
                 rows.append({**base, "task": "kernels.groups", "pass": "fwd", "dtype": dtype_name, "batch": 8,
                              "heads": 8, "n": n, "d": 64, "m": 64, "cpg": cpg, "n_groups": n_groups,
                              "blocks": 64 * n_groups * n_mt, "default": cpg == default, "ms": ms})

@@ -12,14 +12,16 @@ product had no other CPU path), and whether it is met."""
 import torch
 import torch.nn.functional as F
 
+from repro.common import timing
 from repro.kernels import causal_dot_product, delta_rule_dot_product, gated_causal_dot_product
+from repro.kernels.plumbing.backend import forcing
 
 TARGETS = {"retention": 2.0, "gla": 4.0, "delta": 4.0}  # at most this many times the causal product
 
 
-def successor_fns(n, b=1, h=8, d=64, seed=0, plain=None):
+def successor_fns(n, b=1, h=8, d=64, seed=0, torch_pieces=False):
     """name -> a forward + backward call, on the same q, k, v (causal, retention, gla, delta; and
-    causal_torch, the product on its PyTorch pieces, when `plain` wraps a call to force them)."""
+    with torch_pieces causal_torch, the product on its PyTorch pieces: REPRO_KERNEL=torch)."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, h, n, d, generator=g) * 0.5 for _ in range(3))
     grad = torch.randn(b, h, n, d, generator=g)
@@ -36,16 +38,22 @@ def successor_fns(n, b=1, h=8, d=64, seed=0, plain=None):
             "retention": run(gated_causal_dot_product, q, k, v, log_gamma),
             "gla": run(gated_causal_dot_product, q, k, v, log_alpha),
             "delta": run(delta_rule_dot_product, q, unit_k, v, beta)}
-    if plain is not None:
-        fns["causal_torch"] = plain(run(causal_dot_product, q, k, v))
+    if torch_pieces:
+        causal = fns["causal"]
+
+        def causal_torch():
+            with forcing("torch"):
+                causal()
+        fns["causal_torch"] = causal_torch
     return fns
 
 
-def successor_rows(base, args, interleaved, row, plain=None):
-    """Rows for the `successors` measure; interleaved, row and plain are cpu_speed's timer, row
-    maker and PyTorch-pieces wrapper (None: the causal product has no other path here)."""
+def successor_rows(args, torch_pieces=False) -> list[dict]:
+    """The `successors` measure's fields, a dict per op, the ops timed interleaved (--rounds,
+    --settle); torch_pieces: the causal product has another path here, its PyTorch pieces, timed
+    beside it as the targets' reference."""
     n = args.pass_length
-    t = interleaved(successor_fns(n, plain=plain), args.rounds, settle=args.settle)
+    t = timing.interleaved(successor_fns(n, torch_pieces=torch_pieces), args.rounds, settle=args.settle)
     causal = t["causal"][0]
     ref, ref_name = (t["causal_torch"][0], "causal_torch") if "causal_torch" in t else (causal, "causal")
     rows = []
@@ -56,6 +64,6 @@ def successor_rows(base, args, interleaved, row, plain=None):
                      "met": sec / ref <= TARGETS[name]}
             if ref_name == "causal_torch":
                 extra["x_causal_torch"] = sec / ref
-        rows.append(row(base, measure="successors", pass_="fwd_bwd", method=name, n=n, batch=1, heads=8, d=64, m=64,
-                        status="ok", ms=1e3 * sec, times_ms=[1e3 * x for x in times], **extra))
+        rows.append(dict(measure="successors", pass_="fwd_bwd", method=name, n=n, batch=1, heads=8, d=64, m=64,
+                         status="ok", ms=1e3 * sec, times_ms=[1e3 * x for x in times], **extra))
     return rows

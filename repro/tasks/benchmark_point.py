@@ -41,6 +41,7 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from repro.common import timing  # noqa: E402
 from repro.common.config import parse_dtype  # noqa: E402
 from repro.training.backends import layer_backend  # noqa: E402
 from repro.training.memory import out_of_memory, saved_bytes  # noqa: E402
@@ -97,18 +98,8 @@ def measure(spec: dict) -> dict:
     x = torch.randn(b, n, spec["d_model"], device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
 
-    def one_pass():
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        layer(x, causal=spec["causal"]).backward(grad)
-        if cuda:
-            end.record()
-            torch.cuda.synchronize(device)
-            elapsed = start.elapsed_time(end) / 1e3
-        else:
-            elapsed = time.perf_counter() - t0
+    def one_pass():  # seconds: CUDA events on a GPU, else the wall clock
+        elapsed = timing.time_calls(lambda: layer(x, causal=spec["causal"]).backward(grad), device, events=True).seconds
         x.grad = None
         layer.zero_grad(set_to_none=True)
         return elapsed

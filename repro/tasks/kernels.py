@@ -5,17 +5,17 @@ kernels on a GPU once verified), the per-step loop (the RNN definition) and the 
 on (kernel_backend: the chunked path takes the fused C kernel on a CPU as the dispatcher does). A
 point whose least memory (needed_bytes) passes the limit (task.memory_limit_gb, else 80% of the
 memory free) is an 'oom' row before it allocates, and one that passes it while running (the
-process is capped: repro.training.memory) is one too; the next point runs.
-(python -m repro.reproduction.bench times the GPU kernels against their outside peers.)"""
-import statistics
+process is capped: repro.training.memory) is one too; the next point runs. Timed by
+repro.common.timing.time_product, as python -m repro.reproduction.bench (the GPU kernels against
+their outside peers) and python -m repro.reproduction.cpu_speed (the CPU-speed targets) time it."""
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
+from repro.common import timing
 from repro.common.config import parse_device, parse_dtype, positive_ints
 from repro.common.errors import ConfigError
 from repro.common.results import atomic_write, check_publish, output_dirs, provenance, rows_to_csv, write_jsonl
@@ -28,20 +28,6 @@ from repro.training.memory import memory_cap, memory_limit, out_of_memory, over_
 RAW_NAME = "kernels_rows.jsonl"  # the rows, beside the aggregate in a publish folder
 IMPLEMENTATIONS = {"chunked": causal_dot_product_chunked, "dispatcher": causal_dot_product,
                    "loop": causal_dot_product_loop, "naive": causal_dot_product_naive}
-
-
-def _time(fn, device, warmup, repeats):
-    def once():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
-    for _ in range(warmup):
-        once()
-    return statistics.median(once() for _ in range(repeats))
 
 
 def needed_bytes(name, b, h, n, d, m, el) -> tuple[float, float]:
@@ -62,15 +48,17 @@ def kernel_fields(name, q, k, v) -> dict:
     return product_backend(q, k, v, chunked=name == "chunked")
 
 
-def _measure(fn, q, k, v, g, device, t, limit) -> dict:
-    """One implementation timed, forward and forward + backward, under the memory cap: an
-    allocation past it is an 'oom' row, not the operating system's OOM killer."""
+def _measure(name, q, k, v, g, device, t, limit) -> dict:
+    """One implementation timed, forward and forward + backward (each the median of task.repeats
+    calls after task.warmup, by the wall clock, the device synchronised around each call), under
+    the memory cap: an allocation past it is an 'oom' row, not the operating system's OOM killer."""
+    def in_turn(calls):
+        return {x: timing.repeat(c, t.repeats, device, warmup=t.warmup).median for x, c in calls.items()}
+
     try:
         with memory_cap(limit, device):
-            with torch.no_grad():
-                fwd = _time(lambda: fn(q, k, v), device, t.warmup, t.repeats)
-            both = _time(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), g), device, t.warmup, t.repeats)
-        return {"status": "ok", "forward_ms": fwd * 1e3, "forward_backward_ms": both * 1e3}
+            sec = timing.time_product({name: IMPLEMENTATIONS[name]}, lambda *_: ((q, k, v), g), timing.PASSES, in_turn)
+        return {"status": "ok", "forward_ms": sec["fwd"][name] * 1e3, "forward_backward_ms": sec["fwd_bwd"][name] * 1e3}
     except (RuntimeError, MemoryError) as err:
         if (reason := out_of_memory(err)) is None:
             raise
@@ -124,7 +112,7 @@ def run(cfg) -> float:
             if result is None:
                 result = over_limit(needed_bytes(name, t.batch, t.heads, n, t.d, t.m, el)[1], limit, f"{name} at N={n}")
             if result is None:
-                result = _measure(IMPLEMENTATIONS[name], q, k, v, g, device, t, limit)
+                result = _measure(name, q, k, v, g, device, t, limit)
             if result["status"] != "ok":
                 tqdm.write(f"{name} N={n}: {result['status']}: {result['reason']}", file=sys.stderr)
             backend = (kernel.get("kernel_backend") if name == "dispatcher" else name)

@@ -25,7 +25,6 @@ its attention ran on (repro.training.backends).
 import contextlib
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from repro.attention.softmax import SoftmaxAttention
-from repro.common import paper
+from repro.common import paper, timing
 from repro.common.config import nonempty, parse_device, parse_dtype, positive_ints
 from repro.common.errors import ConfigError, building_from_config
 from repro.common.results import atomic_write, check_publish, output_dirs, provenance, rows_to_csv, write_jsonl
@@ -60,34 +59,27 @@ class _OverBudget(Exception):
     pass
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_generation(model, length, batch, mode, budget, device, probes):
     """(total seconds, positions measured, extrapolated?, process CPU seconds) for one batch of
     images. CPU time (all this process's threads) barely moves with other processes' load on a
     shared machine, where wall time does; an extrapolated total scales it by the same ratio as
     the wall time."""
     first = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    stamps = []
+    stamps = []  # seconds since the start, the device synchronised, after each sampled position
 
     def on_step(t):
-        _sync(device)
-        stamps.append(time.perf_counter())
-        if stamps[-1] - began > budget:
+        stamps.append(watch.wall())
+        if stamps[-1] > budget:
             raise _OverBudget
 
-    _sync(device)
-    began, cpu_began = time.perf_counter(), time.process_time()
+    watch = timing.Stopwatch(device)
     try:
         generate(model, first, length, dmol.sample, mode=mode, on_step=on_step)
-        return stamps[-1] - began, length - 1, False, time.process_time() - cpu_began
+        return stamps[-1], length - 1, False, watch.cpu()
     except _OverBudget:
-        cpu = time.process_time() - cpu_began
+        cpu = watch.cpu()
     done = len(stamps)  # positions 1..done sampled
-    per_step = np.diff([began] + stamps)  # (done,): the cost of sampling position t = 1..done
+    per_step = np.diff([0.0] + stamps)  # (done,): the cost of sampling position t = 1..done
     positions = np.arange(1, done + 1)
     rest = np.arange(done + 1, length)
     if mode == "recurrent":  # constant (RNN state) or linearly growing (cache) cost per step
@@ -103,11 +95,7 @@ def time_generation(model, length, batch, mode, budget, device, probes):
         with torch.no_grad():
             for t in probe_at:
                 tokens = torch.randint(0, 256, (batch, int(t)), device=device)
-                _sync(device)
-                t0 = time.perf_counter()
-                dmol.sample(model(tokens)[:, -1])
-                _sync(device)
-                costs.append(time.perf_counter() - t0)
+                costs.append(timing.time_calls(lambda x=tokens: dmol.sample(model(x)[:, -1]), device).seconds)
         estimate = float(np.interp(rest, probe_at, costs).sum())
     total = float(per_step.sum()) + estimate
     return total, done, True, cpu * total / float(per_step.sum())
@@ -135,14 +123,8 @@ def time_floor(model, length, batch, device, steps=200):
         for b, w in mats:
             torch.addmm(b, xs[w.shape[0]], w)
 
-    for _ in range(10):
-        one_step()
-    _sync(device)
-    began, cpu_began = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        one_step()
-    _sync(device)
-    per_step, cpu_per_step = (time.perf_counter() - began) / steps, (time.process_time() - cpu_began) / steps
+    timing.warm_up(one_step, 10)
+    per_step, cpu_per_step = timing.time_calls(one_step, device, calls=steps)
     gbps = sum(w.numel() * w.element_size() for _, w in mats) / per_step / 1e9
     return per_step * (length - 1), steps, False, cpu_per_step * (length - 1), gbps
 
@@ -156,13 +138,12 @@ def compile_generation(model, backend, length, batch, device, sample_fn=dmol.sam
     # Every model's step shares one code object, and dynamo's per-code cache limit would send a
     # later method back to eager, silently, after earlier methods and sizes filled it.
     torch._dynamo.reset()
-    began = time.perf_counter()
+    watch = timing.Stopwatch(device)
     compile_step(model, backend, sample_fn=sample_fn)  # sampling inside the compiled step
     first = torch.zeros(batch, 1, dtype=torch.long, device=device)
     for n in (8, 9):
         generate(model, first, min(length, n), sample_fn)
-    _sync(device)
-    return time.perf_counter() - began
+    return watch.wall()
 
 
 def needed_bytes(model, mode, batch, length) -> float:
