@@ -1,0 +1,324 @@
+"""The scorecard of one attention: `python -m repro.report --scorecard <sweep dir> [--out DIR]`,
+from the part summaries (scorecard_<part>.json) that `python run.py -m experiment=scorecard
+attention=<name>` writes into its sweep dir (repro/tasks/scorecard.py); the sweep builds it at its
+end too (CardCallback, named in conf/experiment/scorecard.yaml).
+
+Writes scorecard.md (one page: what ran where, the conformance table, each measure beside
+linear's and softmax's with its verdict), scorecard.png (Figure 1's time and memory against N,
+and the judged measures seed by seed) and scorecard.csv (the measures and verdicts, one row a
+measure and attention; with logger=wandb the sweep logs it as a table and the figure as an image).
+
+Verdicts come from verdicts.welch (Welch's 95 % interval of the gap between the means; lower is
+better): "better than X" when the interval lies wholly below 0, "as good as X" when it lies wholly
+below the part's tolerance (task.tolerance), "worse than X" when wholly above it, else undecided
+with the interval and the smallest gap the runs could detect. Fewer than 2 seeds a side is a
+measurement, not judged. The card says how few seeds it rests on: 3 seeds give a wide interval."""
+import json
+from pathlib import Path
+
+from repro.common.results import atomic_write, rows_to_csv, save_figure
+from repro.reproduction import verdicts
+from repro.reproduction.report.format import md_table, num
+
+PARTS = ("conformance", "figure1", "copy", "mnist", "speech", "generation")
+TITLES = {"conformance": "Conformance", "figure1": "Figure 1: time and memory of one layer against N",
+          "copy": "The copy task", "mnist": "MNIST bits/dim", "speech": "Speech recognition (the attention as "
+          "the encoder's)", "generation": "Generation (the recurrent form)"}
+SUBJECT = "attention"
+CARD, FIGURE, TABLE = "scorecard.md", "scorecard.png", "scorecard.csv"
+
+
+class CardError(ValueError):
+    """No card can be built from this folder: one line saying why."""
+
+
+def load(card_dir) -> dict:
+    """{part: summary} of the parts a sweep dir holds, in the card's order."""
+    card_dir = Path(card_dir)
+    if not card_dir.is_dir():
+        raise CardError(f"no folder {card_dir}")
+    found = {}
+    for part in PARTS:
+        p = card_dir / f"scorecard_{part}.json"
+        if p.is_file():
+            try:
+                found[part] = json.loads(p.read_text())
+            except ValueError as err:
+                raise CardError(f"{p}: not valid JSON ({err})") from None
+    if not found:
+        raise CardError(f"{card_dir} holds no part summary (scorecard_<part>.json): run "
+                        "python run.py -m experiment=scorecard attention=<name> (its sweep dir is the card's folder)")
+    return found
+
+
+def judge(a: verdicts.Seeds, ref: verdicts.Seeds, name: str, tol: float) -> tuple[str, str]:
+    """(verdict, the interval) of `a` against reference `name` (lower is better)."""
+    if min(a.n, ref.n) < 2:
+        return verdicts.MEASURED, f"{min(a.n, ref.n)} seed a side: an interval needs 2"
+    g = verdicts.welch(a, ref)
+    text = g.text("{:.3g}", name=f"gap to {name}") + f", tolerance {tol:g}"
+    if g.hi < 0:
+        return f"better than {name}", text
+    if g.hi <= tol:
+        return f"as good as {name}", text
+    if g.lo > tol:
+        return f"worse than {name}", text
+    return "undecided", f"{text}; these runs could detect a gap of {g.detectable:.2g}"
+
+
+def _group(summary) -> dict:
+    """{(measure, cell, unit, lower_is_better, judged): {role: [values in seed order]}}."""
+    out = {}
+    for m in sorted(summary.get("measures", []), key=lambda m: (m.get("seed") is None, m.get("seed") or 0)):
+        key = (m["measure"], m.get("cell"), m["unit"], m["lower_is_better"], m["judged"])
+        out.setdefault(key, {}).setdefault(m["role"], []).append(m["value"])
+    return out
+
+
+def _cell(values) -> str | None:
+    if not values:
+        return None
+    s = verdicts.Seeds(tuple(values))
+    return num(s.mean) if s.n == 1 else f"{num(s.mean)} ± {s.sd:.2g} ({s.n} seeds)"
+
+
+def measure_rows(part: str, summary: dict) -> list[dict]:
+    """One row a measure: each attention's values and, where judged, the verdicts against the references."""
+    refs, rows = summary.get("references", []), []
+    tol = (summary.get("tolerance") or {}).get(part)
+    for (measure, cell, unit, lower, judged), by in _group(summary).items():
+        row = {"part": part, "measure": measure + (f", {cell}" if cell else ""), "unit": unit,
+               "lower_is_better": lower, "values": {r: by.get(r, []) for r in [SUBJECT, *refs]},
+               "extrapolated": {m["role"] for m in summary.get("measures", [])
+                                if m.get("extrapolated") and (m["measure"], m.get("cell")) == (measure, cell)}}
+        for ref in refs:
+            if judged and tol is not None and by.get(SUBJECT) and by.get(ref):
+                row[f"vs {ref}"] = judge(verdicts.Seeds(tuple(by[SUBJECT])), verdicts.Seeds(tuple(by[ref])), ref, tol)
+        rows.append(row)
+    return rows
+
+
+def _conformance(summary) -> str:
+    table = summary.get("conformance") or []
+    if not table:
+        return ""
+    return md_table(["property", "result", "detail"], [[r["property"], r["result"], r["detail"]] for r in table])
+
+
+def _figure1(summary) -> str:
+    refs = summary.get("references", [])
+    roles = [SUBJECT, *refs]
+    at = {}
+    for m in summary.get("measures", []):
+        at.setdefault(m["n"], {})[(m["measure"], m["role"])] = m["value"]
+    if not at:
+        return ""
+    names = ("time per sample", "peak memory per sample", "kept for backward per sample")
+    header = ["N"] + [f"{w}, {'ms' if w.startswith('time') else 'MB'} ({' · '.join(roles)})" for w in names]
+
+    def cell(n, w):
+        return " · ".join("—" if at[n].get((w, r)) is None else num(at[n][(w, r)]) for r in roles)
+    rows = [[f"{n:,}"] + [cell(n, w) for w in names] for n in sorted(at)]
+    largest = {r: max((n for n in at if (names[0], r) in at[n]), default=None) for r in roles}
+    reach = "; ".join(f"{r}: {largest[r]:,}" for r in roles if largest[r]) or "none"
+    return md_table(header, rows) + f"\n\nThe largest N measured (a point past its time or memory budget stops a " \
+                                    f"curve): {reach}."
+
+
+def _measures(part, summary) -> str:
+    rows = measure_rows(part, summary)
+    if not rows:
+        return ""
+    refs = summary.get("references", [])
+    header = ["measure", SUBJECT, *refs] + [f"vs {r}" for r in refs]
+
+    def verdict(row, ref):
+        v = row.get(f"vs {ref}")
+        if v is None:
+            return None
+        return v[0] if v[0] == verdicts.MEASURED else f"**{v[0]}** ({v[1]})"
+    def ratio(row, ref):
+        a, b = row["values"][SUBJECT], row["values"].get(ref)
+        if not a or not b or row.get(f"vs {ref}") or not sum(b):
+            return None
+        return f"{(sum(a) / len(a)) / (sum(b) / len(b)):.3g}x {ref}'s"
+
+    def cell(row, role):
+        text = _cell(row["values"][role])
+        return f"{text} (extrapolated)" if text and role in row.get("extrapolated", ()) else text
+    body = [[f"{r['measure']} ({r['unit']}{'' if r['lower_is_better'] else ', higher is better'})"]
+            + [cell(r, x) for x in [SUBJECT, *refs]] + [verdict(r, ref) or ratio(r, ref) for ref in refs]
+            for r in rows]
+    extra = ["vs X: the verdict where the measure is judged, else the ratio of the means."]
+    if part == "generation" and any(m.get("extrapolated") for m in summary.get("measures", [])):
+        extra.append("(extrapolated): the generation passed its time budget; its total is extrapolated from the "
+                     "positions measured (task=throughput).")
+    steps = sorted({m.get("steps") for m in summary.get("measures", []) if m.get("steps") is not None})
+    if steps:
+        extra.append(f"Updates trained: {', '.join(f'{s:,}' for s in steps)}.")
+    return "\n\n".join([md_table(header, body), *extra])
+
+
+def _status(summary) -> str:
+    s = summary["status"]
+    return s if not summary.get("reason") else f"{s}: {summary['reason']}"
+
+
+def _first(parts, key):
+    return next((s.get(key) for s in parts.values() if s.get(key)), None)
+
+
+def seeds_note(parts) -> str:
+    n = max((len(s.get("seeds", [])) for s in parts.values()), default=0)
+    if n < 2:
+        return ("One seed a side: every trained measure is a measurement, not judged (an interval needs 2 seeds; "
+                "experiment=scorecard runs 3).")
+    return (f"{n} seeds a side: Welch's 95 % interval of a gap is wide at so few (t = "
+            f"{verdicts.stats.t.ppf(0.975, n - 1):.2g} at {n - 1} degrees of freedom), so a verdict here is an "
+            f"indication: \"undecided\" often means too few seeds, not a tie; the paper's claims are judged from "
+            f"{verdicts.MIN_SEEDS} (repro/reproduction/verdicts.py). \"as good as X\": the interval of the gap to X "
+            "lies below the part's tolerance; \"better than X\": wholly below 0.")
+
+
+def build(card_dir, out_dir=None) -> str:
+    """Write the card (scorecard.md, .png, .csv) into out_dir (default: the card's folder) and return
+    its Markdown."""
+    card_dir = Path(card_dir)
+    parts = load(card_dir)
+    out_dir = Path(out_dir) if out_dir else card_dir
+    any_part = next(iter(parts.values()))
+    name, target = any_part.get("attention"), any_part.get("target")
+    quick = any(s.get("quick") for s in parts.values())
+    refs = any_part.get("references", [])
+    runs = [r for s in parts.values() for r in s.get("runs", [])]
+    reused = sum(bool(r.get("reused")) for r in runs if r.get("role") != SUBJECT)
+    out = [f"# Scorecard: {name}" + (f" (`{target}`)" if target else "") + (" — smoke test" if quick else "")]
+    if quick:
+        out.append("**A smoke test** (experiment=scorecard_quick): one seed, short runs, small sizes. Its numbers "
+                   "show that every part runs, not how good the attention is; `experiment=scorecard` makes the card.")
+    out.append(f"Machine: {_first(parts, 'machine') or 'not recorded'}  \n"
+               f"Commit: `{_first(parts, 'commit') or 'not recorded'}`  \n"
+               f"Command: `{_first(parts, 'command') or 'not recorded'}`  \n"
+               f"Beside it: {' and '.join(refs)} at the same commit and settings ({reused} of their "
+               f"{sum(r.get('role') != SUBJECT for r in runs)} runs reused from earlier cards).  \n"
+               f"Folder: `{card_dir}`")
+    out.append(seeds_note(parts))
+    out.append(md_table(["part", "status" + (" (smoke test)" if quick else "")],
+                        [[p, _status(parts[p]) if p in parts else "not run yet"] for p in PARTS]))
+    csv = []
+    for part, s in parts.items():
+        section = [f"## {TITLES[part]}" + (" (smoke test)" if quick else ""), _status(s) if s["status"] != "ok"
+                   else ""]
+        body = _conformance(s) if part == "conformance" else _figure1(s) if part == "figure1" else \
+            _measures(part, s)
+        if part == "figure1" and body and (out_dir / FIGURE).parent.is_dir():
+            body += f"\n\n![time and memory against N; the judged measures]({FIGURE})"
+        section.append(body)
+        failed = [r for r in s.get("runs", []) if r.get("status") != "ok"]
+        if failed:
+            section.append("Runs that failed: " + "; ".join(f"{_label(r)}: {r.get('reason')}" for r in failed)
+                           + ".")
+        commands = [r["command"] for r in s.get("runs", []) if r.get("role") == SUBJECT and r.get("command")]
+        if commands:
+            section.append("The attention's runs: " + "; ".join(f"`{c}`" for c in commands[:3])
+                           + (f"; and {len(commands) - 3} more" if len(commands) > 3 else ""))
+        out.append("\n\n".join(x for x in section if x))
+        csv += [{"part": r["part"], "measure": r["measure"], "unit": r["unit"], "role": role,
+                 "n": len(v), "mean": verdicts.Seeds(tuple(v)).mean if v else None,
+                 "sd": verdicts.Seeds(tuple(v)).sd if v else None, "values": json.dumps(v),
+                 **{f"vs_{ref}": " ".join(r[f"vs {ref}"]) if f"vs {ref}" in r else None for ref in refs},
+                 "smoke_test": quick}
+                for r in measure_rows(part, s) for role, v in r["values"].items()]
+        csv += [{"part": part, "measure": "status", "role": None, "values": _status(s), "smoke_test": quick}]
+    text = "\n\n".join(out) + "\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_figure(figure(parts, quick), out_dir / FIGURE)
+    atomic_write(out_dir / TABLE, rows_to_csv(csv))
+    atomic_write(out_dir / CARD, text)
+    return text
+
+
+def _label(r) -> str:
+    return " ".join(str(x) for x in (r.get("role"), r.get("cell"),
+                                     None if r.get("seed") is None else f"seed {r['seed']}") if x)
+
+
+def figure(parts, quick: bool):
+    """Figure 1's time and memory against N (dashed: kept for backward), and each judged measure
+    seed by seed, relative to linear's mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    f1 = parts.get("figure1", {})
+    roles = [SUBJECT, *next(iter(parts.values())).get("references", [])]
+    for ax, (measures, ylabel) in zip(axes[:2], [(("time per sample",), "time per sample (ms)"),
+                                                 (("peak memory per sample", "kept for backward per sample"),
+                                                  "memory per sample (MB); dashed: kept for backward")]):
+        for i, role in enumerate(roles):
+            for measure, style in zip(measures, ("-", "--")):
+                pts = sorted((m["n"], m["value"]) for m in f1.get("measures", [])
+                             if m["role"] == role and m["measure"] == measure)
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i}", label=role if style == "-" else None)
+        ax.set(xscale="log", yscale="log", xlabel="N", ylabel=ylabel)
+        if ax.lines:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "not measured", ha="center", transform=ax.transAxes)
+    ax = axes[2]
+    judged = [r for p, s in parts.items() if p in ("copy", "mnist", "speech") for r in measure_rows(p, s)
+              if any(k.startswith("vs ") for k in r) or r["measure"].startswith(("held-out", "validation"))]
+    for x, row in enumerate(judged):
+        base = verdicts.Seeds(tuple(row["values"].get("linear") or [])) if row["values"].get("linear") else None
+        for i, role in enumerate(roles):
+            v = row["values"].get(role) or []
+            if v and base and base.mean:
+                ax.plot([x + (i - 1) * 0.2] * len(v), [y / base.mean for y in v], "o", color=f"C{i}",
+                        label=role if x == 0 else None)
+    ax.set_xticks(range(len(judged)), [r["measure"] for r in judged], rotation=20, ha="right", fontsize=8)
+    ax.set(ylabel="relative to linear's mean (lower is better)")
+    if judged:
+        ax.axhline(1, color="grey", lw=0.5)
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no trained measure", ha="center", transform=ax.transAxes)
+    first = next(iter(parts.values()))
+    name = f"{first.get('attention')} ({str(first.get('target')).rsplit('.', 1)[-1]})"
+    fig.suptitle(f"scorecard: {name}" + (" (smoke test)" if quick else ""))
+    fig.tight_layout()
+    return fig
+
+
+def main(card_dir, out=None) -> int:
+    """--scorecard: build the card; a folder it cannot read is one line."""
+    try:
+        build(card_dir, out)
+    except CardError as err:
+        raise SystemExit(f"error: {err}") from None
+    target = Path(out) if out else Path(card_dir)
+    print(f"wrote {target / CARD}, {target / FIGURE}, {target / TABLE}")
+    return 0
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover (Hydra is a dependency of the suite)
+    Callback = object
+
+
+class CardCallback(Callback):
+    """At the end of a scorecard sweep: the card in the sweep dir. Hydra ends callbacks in reverse
+    order, so this runs before the sweep's summary (repro.cli.callbacks.AggregateSweep), which then
+    logs the card's table and figure with every CSV and PNG of the sweep dir (logger=wandb)."""
+
+    def on_multirun_end(self, config, **kwargs):
+        sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            build(sweep_dir)
+        except CardError as err:
+            print(f"\nerror: no scorecard: {err}")
+            return
+        print(f"\nthe card: {sweep_dir / CARD} (rebuild: python -m repro.report --scorecard {sweep_dir})")
