@@ -120,7 +120,12 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="also write the report here (figure links relative to it)")
     ap.add_argument("--docs", action="store_true",
                     help="also rewrite the <!-- report:NAME --> blocks of README.md and docs/*.md")
+    ap.add_argument("--scorecard", metavar="SWEEP_DIR", default=None,
+                    help="instead: the card of an experiment=scorecard sweep, into that folder (or --out, a folder)")
     args = ap.parse_args(argv)
+    if args.scorecard:
+        from repro.reproduction.report import scorecard
+        return scorecard.main(args.scorecard, args.out)
     results = Path(args.results)
     if not results.is_dir():
         raise SystemExit(f"error: no results folder at {results}")
