@@ -336,8 +336,8 @@ def run(cfg) -> float:
     if part != "conformance" and not t.go_on and gate.is_file():
         first = json.loads(gate.read_text())
         if first.get("status") != OK:
-            summary.update(status=STOPPED, reason=f"not run: the attention failed conformance ({first.get('reason')});"
-                                                  " task.go_on=true runs it anyway")
+            summary.update(status=STOPPED, reason="not run: the attention failed conformance (above); "
+                                                  "task.go_on=true runs it anyway")
     if summary["status"] == OK:
         try:
             runs, skip = plan(cfg, part, subject)

@@ -192,6 +192,7 @@ def build(card_dir, out_dir=None) -> str:
     refs = any_part.get("references", [])
     runs = [r for s in parts.values() for r in s.get("runs", [])]
     reused = sum(bool(r.get("reused")) for r in runs if r.get("role") != SUBJECT)
+    n_refs = sum(r.get("role") != SUBJECT for r in runs)
     out = [f"# Scorecard: {name}" + (f" (`{target}`)" if target else "") + (" — smoke test" if quick else "")]
     if quick:
         out.append("**A smoke test** (experiment=scorecard_quick): one seed, short runs, small sizes. Its numbers "
@@ -199,8 +200,8 @@ def build(card_dir, out_dir=None) -> str:
     out.append(f"Machine: {_first(parts, 'machine') or 'not recorded'}  \n"
                f"Commit: `{_first(parts, 'commit') or 'not recorded'}`  \n"
                f"Command: `{_first(parts, 'command') or 'not recorded'}`  \n"
-               f"Beside it: {' and '.join(refs)} at the same commit and settings ({reused} of their "
-               f"{sum(r.get('role') != SUBJECT for r in runs)} runs reused from earlier cards).  \n"
+               f"Beside it: {' and '.join(refs)} at the same commit and settings"
+               + (f" ({reused} of their {n_refs} runs reused from earlier cards)" if n_refs else "") + ".  \n"
                f"Folder: `{card_dir}`")
     out.append(seeds_note(parts))
     out.append(md_table(["part", "status" + (" (smoke test)" if quick else "")],
