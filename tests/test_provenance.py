@@ -19,8 +19,6 @@ SHA_KEYS = {"git_sha", "commit"}          # our own commit; authors_commit / lib
 FOREIGN_KEYS = {"authors_commit", "library_commit"}
 TEXT = re.compile(r"(?<![\w-])([0-9a-f]{7,12})(?:-dirty)?(?![\w])")
 PENDING = {  # file (relative to results/) -> the run that replaces it
-    "fidelity/copy_cpu/fidelity_runs.csv": "python -m repro.reproduction.fidelity --task copy (results/fidelity/README.md)",
-    "fidelity/copy_cpu/fidelity_rows.jsonl": "the same run",
     "fidelity/mnist_cpu/fidelity_runs.csv": "python -m repro.reproduction.fidelity --task mnist",
     "fidelity/mnist_cpu/fidelity_rows.jsonl": "the same run",
     "fidelity/mnist_cpu/README.md": "the same run",
