@@ -44,7 +44,7 @@ def main(cfg: DictConfig):
             result = hydra.utils.get_method(cfg.task._target_)(cfg)
             jobs.fail_if_diverged()  # a non-finite loss: the task wrote its summaries; the job fails
             return result
-        except Exception as err:  # noqa: BLE001 (jobs.job_failed re-raises what is not the user's to fix)
+        except Exception as err:  # jobs.job_failed re-raises what is not the user's to fix
             return jobs.job_failed(err)
 
 

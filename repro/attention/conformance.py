@@ -114,7 +114,7 @@ class Conformance(Invariances):
                 self.layer = self._call(lambda: self.factory(d_model=self.d_model, n_heads=self.n_heads))
             except ConfigError:
                 raise  # a setting of the config: one line from the run, not a row
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 out = [Check("interface", "fail", f"building it as the model does, Class(d_model={self.d_model}, "
                                                   f"n_heads={self.n_heads}): {describe(err)}")]
             else:
@@ -131,7 +131,7 @@ class Conformance(Invariances):
         """One check; whatever a call it makes raises fails it, in one line."""
         try:
             return fn()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             return Check(prop, "fail", f"raised {describe(err)}")
 
     def interface(self) -> Check:
@@ -151,7 +151,7 @@ class Conformance(Invariances):
             for causal in (True, False):
                 try:
                     y = self.forward(layer, x, causal)
-                except Exception as err:  # noqa: BLE001 (a refusal is an answer; anything else fails the check)
+                except Exception as err:  # a refusal is an answer; anything else fails the check
                     if not _refusal(err):
                         return Check("interface", "fail", f"forward(causal={causal}) in {dtype_name(dtype)}: "
                                                           f"{describe(err)}")
@@ -171,7 +171,7 @@ class Conformance(Invariances):
                 x = self._randn(self.batch, self.d_model, dtype=dtype)
                 try:
                     got = self._call(lambda layer=layer, x=x: layer.step(x, None))
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     return Check("interface", "fail", f"step(x_t, None) in {dtype_name(dtype)}: {describe(err)}")
                 if not (isinstance(got, tuple) and len(got) == 2):
                     return Check("interface", "fail", "step(x_t, state) must return (y_t, state)")

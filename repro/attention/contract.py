@@ -115,7 +115,7 @@ def call(fn, seed: int, device: torch.device):
             return fn()
         except (Exception, KeyboardInterrupt):
             raise
-        except BaseException as err:  # noqa: BLE001 (user code must not end the check, nor the run)
+        except BaseException as err:  # user code must not end the check, nor the run
             if stopped_by_signal(err):
                 raise
             raise Escaped(repr(err)) from err

@@ -52,7 +52,7 @@ class Retention(SuccessorAttention):
         out = gated_causal_dot_product(q, k, v, log_g, chunk_size=self.chunk_size)  # decays kept in fp32
         if causal:
             return out
-        flip = lambda t: t.flip(2)  # noqa: E731
+        flip = lambda t: t.flip(2)
         # backwards in time the decay between j and t is that of the steps after j up to t, in
         # reverse: the log decays shifted by one (step t's decay belongs to the pair (t - 1, t))
         back_log_g = F.pad(flip(log_g)[..., :-1], (1, 0))

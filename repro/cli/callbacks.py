@@ -79,7 +79,7 @@ class AggregateSweep(Callback):
         # that fails is recorded instead, and run.py exits 1 naming it.
         try:
             self._aggregate(config, sweep_dir)
-        except Exception as err:  # noqa: BLE001 (any failure of the summary fails the sweep, in one line)
+        except Exception as err:  # any failure of the summary fails the sweep, in one line
             jobs.summary_error = jobs.error_line(err) or f"{type(err).__name__}: {err}"
             print(f"\nerror: the sweep's summary in {sweep_dir} failed: {jobs.summary_error}", file=sys.stderr)
         jobs.failed_jobs[:] = jobs.sweep_failures(sweep_dir)

@@ -71,7 +71,7 @@ def _has_key(cfg, key: str) -> bool:
     for part in key.split("."):
         if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
             node = node._get_node(int(part))  # a list item: trainer.scheduler.milestones.0=100
-        elif isinstance(node, DictConfig) and part in node.keys():
+        elif isinstance(node, DictConfig) and part in node:
             node = node._get_node(part)
         else:
             return False
@@ -157,7 +157,7 @@ def preflight(argv: list[str], pin_sweep_dir: bool = True) -> list[str]:
                                   + f" (to add a new key: +{o.input_line.lstrip('+')})")
             try:
                 was = OmegaConf.select(preset, key)
-            except Exception:  # noqa: BLE001 (an interpolation only Hydra's runtime resolves: no type to check)
+            except Exception:  # an interpolation only Hydra's runtime resolves: no type to check
                 was = None
             for value in _values(o):
                 if isinstance(value, str) and "${" in value:

@@ -41,7 +41,7 @@ def _override(argv, key):
         return None
     try:
         value = OverridesParser.create().parse_overrides([lines[-1]])[0].value()
-    except Exception:  # noqa: BLE001 (a syntax error: Hydra reports it in its own words)
+    except Exception:  # a syntax error: Hydra reports it in its own words
         return None
     return value if isinstance(value, str) else None
 
@@ -140,7 +140,7 @@ def _task_overrides(lines) -> list | None:
 
     try:
         parsed = OverridesParser.create().parse_overrides([str(a) for a in lines if not str(a).startswith("-")])
-    except Exception:  # noqa: BLE001 (a syntax error: Hydra reports it in its own words)
+    except Exception:  # a syntax error: Hydra reports it in its own words
         return None
     return [o for o in parsed if not o.is_hydra_override()]
 
@@ -171,14 +171,14 @@ def check_sweep_dir(sweep_dir: Path, argv):
         return
     try:
         theirs = _task_overrides(OmegaConf.to_container(OmegaConf.load(record).hydra.overrides.task))
-    except Exception:  # noqa: BLE001 (missing or unreadable: no record of a sweep to resume)
+    except Exception:  # missing or unreadable: no record of a sweep to resume
         theirs = None
     if theirs is None:
         raise ConfigError(f"{sweep_dir} already holds runs ({jobs[0] if jobs else record}) and no readable record "
                           "of the sweep that made them (multirun.yaml): run this sweep in a new dir (leave "
                           "hydra.sweep.dir unset, or name another)")
     if _sweep_identity(theirs) != _sweep_identity(mine):
-        typed = lambda overrides: " ".join(o.input_line for o in overrides) or "no overrides"  # noqa: E731
+        typed = lambda overrides: " ".join(o.input_line for o in overrides) or "no overrides"
         raise ConfigError(f"{sweep_dir} already holds another sweep ({typed(theirs)}), not this one ({typed(mine)}): "
                           "their rows would mix in one summary; run this sweep in a new dir (leave hydra.sweep.dir "
                           "unset, or name another), or run that one again with its own overrides to resume its jobs")
@@ -216,7 +216,7 @@ def _resolved(directory):
 
     try:
         return str(OmegaConf.create({"d": directory}).d)
-    except Exception:  # noqa: BLE001 (a missing variable or a bad interpolation: Hydra's to report)
+    except Exception:  # a missing variable or a bad interpolation: Hydra's to report
         return None
 
 
@@ -235,6 +235,6 @@ def _check_resume(argv, resume):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
         fingerprint = default_fingerprint(cfg)
-    except Exception:  # noqa: BLE001 (a bad override: Hydra reports it in its own words, before any write)
+    except Exception:  # a bad override: Hydra reports it in its own words, before any write
         return
     check_fingerprint(load_checkpoint(resume), fingerprint)

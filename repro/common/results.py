@@ -12,8 +12,8 @@ import shlex
 import subprocess
 import tempfile
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from functools import lru_cache
+from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -216,7 +216,7 @@ def read_jsonl(path, strict: bool = False):
     return rows
 
 
-@lru_cache(maxsize=None)
+@cache
 def git_sha() -> str:
     """$REPRO_GIT_SHA when the caller passes it (a copy of the tree on a remote GPU node, whose
     .git, when one travels, may be an older commit than the tree that was sent);
@@ -256,7 +256,7 @@ def versions() -> dict:
 def provenance(device: torch.device) -> dict:
     """What every row carries besides its metrics."""
     out = {"device": device_name(device), "versions": versions(), "git_sha": git_sha(),
-           "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+           "time": datetime.now(UTC).isoformat(timespec="seconds")}
     if os.environ.get(COMMAND_ENV):  # made by run.py (see run_command): the command that made the row
         out["command"] = os.environ[COMMAND_ENV]
     return out

@@ -12,7 +12,8 @@ events=True is the wall clock.
 """
 import statistics
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

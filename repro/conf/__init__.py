@@ -4,7 +4,7 @@ job of a sweep; `attention` says which attention a run's config names. Checks of
 values (device, dtype) live below, in repro.common.config."""
 import os
 import secrets
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -17,7 +17,7 @@ from repro.common.errors import ConfigError
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _uid():
     # pid + random: unique among jobs started in the same second, stable within a process.
     return f"{os.getpid()}{secrets.token_hex(2)}"

@@ -84,7 +84,7 @@ def _torchvision(name, root, download):
     present = _present(name, root)
     try:
         sets = [cls(str(root), train=train, download=download) for train in (True, False)]
-    except Exception as err:  # noqa: BLE001 (a damaged file fails in many ways: checksum, parse, unpickle)
+    except Exception as err:  # a damaged file fails in many ways: checksum, parse, unpickle
         if present and (not download or not isinstance(err, OSError)):  # there but unreadable: never "not
             # found", never another dataset in their place (MNIST's auto source would take the embedded digits)
             why = " ".join(f"{type(err).__name__}: {err}".split())[:160]

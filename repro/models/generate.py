@@ -7,8 +7,8 @@
 
 compile_step puts the recurrent step, and the sampling after it, through torch.compile.
 """
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -76,7 +76,7 @@ def _methods(device, ft_sdist=None):
             import cupy  # noqa: F401
         except ImportError as err:
             cupy_why = f"missing: CuPy is not importable ({err})"
-    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)
     return {
         "cupy": peers.Peer(None if cupy_why else product_cuda.causal_dot_product, cupy_why),
         "cupy_norm": peers.Peer(None if cupy_why else fused, cupy_why),
@@ -173,7 +173,7 @@ def make_inputs(peer, b, h, n, d, m, dtype, device, backward):
     and the output gradient, in the peer's layout."""
     g = torch.Generator(device=device).manual_seed(n)
     shape = (lambda x: (b, h, n, x)) if peer.layout == "bhnd" else (lambda x: (b, n, h, x))
-    mk = lambda x: torch.randn(*shape(x), device=device, generator=g, dtype=torch.float32)  # noqa: E731
+    mk = lambda x: torch.randn(*shape(x), device=device, generator=g, dtype=torch.float32)
     q, k = (F.elu(mk(d) * 0.5) + 1 for _ in "qk")
     if peer.extra == "beta":
         k = F.normalize(k, dim=-1)

@@ -40,7 +40,7 @@ import json
 import os
 import statistics
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -321,7 +321,7 @@ def main(argv=None):
 
 
 def _run(args, argv):
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     out_dir = Path(args.out_dir)
     base = {**provenance(torch.device("cpu")), "threads": args.threads, "dtype": "float32", "rounds": args.rounds,
             "settle": args.settle}

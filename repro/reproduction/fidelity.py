@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from repro.common.errors import ConfigError
@@ -246,7 +246,7 @@ def run_one(job, task: Task, model: Model, args, work: Path, data_dir, common: d
     row = {"task": task.name, "attention": attention, "side": side, "variant": variant, "seed": seed,
            "metric_name": task.metric, **settings(task, model, side),
            "not_matched": "; ".join(not_matched(task, model)) or "none", **common, "command": shlex.join(cmd),
-           "loadavg_start": os.getloadavg()[0], "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+           "loadavg_start": os.getloadavg()[0], "time": datetime.now(UTC).isoformat(timespec="seconds")}
     start = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -291,7 +291,7 @@ def plot(path: Path, rows):
             runs = [r["curve"] for r in mine if f"{r['side']}: {r['variant']}" == label]
             for c in runs:
                 ax.plot(*zip(*c), color=f"C{i}", alpha=0.3, lw=0.8)
-            steps = sorted(set.intersection(*(set(s for s, _ in c) for c in runs)))
+            steps = sorted(set.intersection(*({s for s, _ in c} for c in runs)))
             means = [sum(dict(c)[s] for c in runs) / len(runs) for s in steps]
             ax.plot(steps, means, color=f"C{i}", lw=2, label=f"{label} ({len(runs)} runs)")
         ax.set(title=f"{task}, {attention}", xlabel="updates", ylabel=mine[0]["metric_name"],

@@ -1,6 +1,7 @@
 """One job of a reproduction step: a command run in a process group of its own, its output
 to a log, stopped with SIGTERM (to the whole group) at its wall-clock cap or before a deadline,
 and stopped the same way when this process is interrupted."""
+import contextlib
 import os
 import shlex
 import signal
@@ -50,14 +51,10 @@ def _stop_group(proc, grace_s):
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=max(grace_s, 0.1))
-    except subprocess.TimeoutExpired:
-        pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # the group, also where its leader has exited
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
@@ -87,10 +84,8 @@ def run_job(job, log_path, grace_s=GRACE_S, deadline=None):
                 time.sleep(0.2)
                 now = time.monotonic()
                 if not stopped and now >= stop_at:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGTERM)  # the loop finishes its step, evaluates, checkpoints
-                    except ProcessLookupError:
-                        pass
                     stopped = now
                 if stopped and now - stopped > grace_s:
                     _stop_group(proc, 0)

@@ -126,7 +126,7 @@ def report_shapes() -> dict:
     from repro.reproduction.report.sections import section_modules
 
     names = [name for m in section_modules() for _, name, _ in m.SECTIONS if name != "claims"]  # claims: its own key
-    return {**{name: FOLDERS for name in names}, **REPORT}
+    return {**dict.fromkeys(names, FOLDERS), **REPORT}
 
 
 def check(root: Path, data, where: str) -> Manifest:

@@ -78,7 +78,7 @@ def env_report(ctx):
         report["cupy_cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
         if torch.cuda.is_available():
             report["cuda_driver"] = cupy.cuda.runtime.driverGetVersion()
-    except Exception as err:  # noqa: BLE001  (no CuPy, or no driver: a fact to report)
+    except Exception as err:
         report["cupy"] = f"unavailable: {str(err).splitlines()[0][:200]}"
     for tool, args in (("nvidia-smi", ["--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                                        "--format=csv,noheader"]), ("nvcc", ["--version"])):
@@ -91,7 +91,7 @@ def env_report(ctx):
         try:
             from importlib.metadata import version
             report[dist] = version(dist)
-        except Exception:  # noqa: BLE001
+        except Exception:
             report[dist] = None
     atomic_write(ctx.out / "env" / "env.json", json.dumps(report, indent=1, default=str) + "\n")
 
@@ -216,7 +216,7 @@ def run_step(ctx, number, force=False, deadline=None):
             spec.finish(ctx)
             if not done:
                 print(f"[{number} {name}] aggregated the runs finished so far; the others follow in a later command")
-        except Exception as err:  # noqa: BLE001  (the step is then not done; the others go on)
+        except Exception as err:
             print(f"[{number} {name}] aggregating failed: {type(err).__name__}: {err}")
             done = False
     atomic_write(d / "command.txt", commands)

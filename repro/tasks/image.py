@@ -82,7 +82,7 @@ def sample_grid(model, shape, n, given, seed, path):
     length, half = c * h * w, (h // 2) * w * c
     g = torch.Generator(device=device).manual_seed(seed)
     mode = sampling_mode(model)
-    sample_fn = lambda y: dmol.sample(y, generator=g)  # noqa: E731
+    sample_fn = lambda y: dmol.sample(y, generator=g)
     given = given[:n].to(device)
     began = time.perf_counter()
     # The first value is input only (never modelled): take it from held-out images, shuffled.

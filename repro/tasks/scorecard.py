@@ -341,7 +341,7 @@ def run(cfg) -> float:
     if summary["status"] == OK:
         try:
             runs, skip = plan(cfg, part, subject)
-        except Exception as err:  # noqa: BLE001 (the attention cannot be built: conformance says more)
+        except Exception as err:  # the attention cannot be built: conformance says more
             runs, skip = [], None
             summary.update(status=FAILED, reason=f"the attention cannot be built: {_one_line(err)}")
         if skip:

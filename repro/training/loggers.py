@@ -6,6 +6,7 @@ is the task, their config the resolved run config; a resumed training run contin
 wandb run (its id travels in the checkpoint). At the end of a job (and of a sweep, after the
 aggregation) repro.cli.callbacks logs the CSVs and PNGs of its directory: tables and figures.
 """
+import contextlib
 import csv
 import math
 import os
@@ -68,7 +69,7 @@ def _resumed_metrics(run_config, filename, run_dir) -> list[dict] | None:
 
     try:
         ckpt = find_checkpoint(resume)
-    except Exception:  # noqa: BLE001 (the trainer reports a bad trainer.resume in its own words)
+    except Exception:  # the trainer reports a bad trainer.resume in its own words
         return None
     source = run_dir_of(ckpt) / filename
     if not source.is_file():
@@ -80,10 +81,8 @@ def _resumed_metrics(run_config, filename, run_dir) -> list[dict] | None:
             if v in ("", None):
                 del r[k]
                 continue
-            try:
+            with contextlib.suppress(ValueError):
                 r[k] = int(float(v)) if k == "step" else float(v)
-            except ValueError:
-                pass
         r.setdefault("step", None)
     return rows
 
@@ -127,7 +126,7 @@ class WandbLogger(NullLogger):
 
 
 def _cell(v):
-    if v is None or isinstance(v, bool) or isinstance(v, int) or isinstance(v, str):
+    if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
         return None if math.isnan(v) else v

@@ -139,7 +139,7 @@ def scan_chunks(x, n_chunks, reverse=False, matmul_chunks=MATMUL_SCAN_CHUNKS):
     in an input (k or v of sum k_j v_j^T, q or g of sum q_j g_j^T) makes a whole row or column
     of its chunk's sum so. When it does, the states are taken again by the safe scan."""
     states = _chunk_states(x, n_chunks, reverse=reverse, matmul_chunks=matmul_chunks)
-    end = lambda t: t.view(-1, n_chunks, *t.shape[-2:])[:, 0 if reverse else -1]  # noqa: E731
+    end = lambda t: t.view(-1, n_chunks, *t.shape[-2:])[:, 0 if reverse else -1]
     if not _any_non_finite(end(states) + end(x)):  # (batch, D, M)
         return states, False
     return _chunk_states(x, n_chunks, reverse=reverse, safe=True), True
@@ -283,7 +283,7 @@ def causal_product_grads(product, q, k, v, g, need=(True, True, True)):
         grad k_i = sum_{j>=i} (v_i . g_j) q_j,  grad v_i = sum_{j>=i} (k_i . q_j) g_j
     the last two the product run backwards in time (on flipped sequences). Differentiable when
     `product` is: the second derivatives' path of this backend and of the CuPy one."""
-    flip = lambda x: x.flip(-2)  # noqa: E731
+    flip = lambda x: x.flip(-2)
     qf, gf = (flip(q), flip(g)) if need[1] or need[2] else (None, None)
     return (product(g, v, k) if need[0] else None, flip(product(flip(v), gf, qf)) if need[1] else None,
             flip(product(flip(k), qf, gf)) if need[2] else None)
@@ -322,7 +322,7 @@ class CausalDotProduct(torch.autograd.Function):
             # create_graph: the gradients by this Function again, on the saved inputs (which keep
             # their graph now), so that they are differentiable in turn; the fused backward below
             # is once-only (in-place, out= and grad-free host threads).
-            product = lambda a, b, x: CausalDotProduct.apply(a, b, x, ctx.chunk_size, True, None)  # noqa: E731
+            product = lambda a, b, x: CausalDotProduct.apply(a, b, x, ctx.chunk_size, True, None)
             grads = causal_product_grads(product, *(x.to(cd) for x in (q, k, v, g)), need)
         else:
             c, native_c = _chunks(q, v, ctx.chunk_size)

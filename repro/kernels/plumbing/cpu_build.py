@@ -25,7 +25,7 @@ import struct
 import subprocess
 import sys
 import tempfile
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 # /proc/cpuinfo's fields that say what -march=native compiles for: x86's model and flags, ARM's
@@ -49,7 +49,7 @@ def _cpu_model() -> str:
     return "\n".join([platform.machine(), *(lines or [platform.processor()])])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compiler_version(cc: str) -> str:
     try:
         return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
@@ -151,16 +151,16 @@ def _cache_dir() -> tuple:
     one, made with mode 0700."""
     shared = Path(os.environ.get("REPRO_CACHE_DIR") or Path.home() / ".cache" / "repro" / "kernels")
     private = Path(tempfile.gettempdir()) / f"repro-kernels-{os.getuid()}"
-    for cache in dict.fromkeys((shared, private)):
+    for folder in dict.fromkeys((shared, private)):
         try:
-            cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-            why = _not_private(cache.stat())
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            why = _not_private(folder.stat())
         except OSError as err:
             why = f"cannot be made: {err.strerror or err}"
         if why is None:
-            return cache, None
-        if cache != private:
-            _say(f"not using the cache folder {cache} ({why}; make it yours with chmod go-w, or set REPRO_CACHE_DIR); "
+            return folder, None
+        if folder != private:
+            _say(f"not using the cache folder {folder} ({why}; make it yours with chmod go-w, or set REPRO_CACHE_DIR); "
                  f"building in {private}")
     return None, f"no cache folder of this user's own to build in: {private} is {why}"
 

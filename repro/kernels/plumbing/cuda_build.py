@@ -7,7 +7,7 @@ compiles the same source and instances for a given architecture without a GPU or
 is what the CPU tests use so that a kernel that does not compile cannot land.
 """
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # repro/kernels/: the sources' paths start here
@@ -91,7 +91,7 @@ def nvcc_instantiation_unit(name: str) -> str:
             f'const void* repro_instances[] = {{\n    {refs}\n}};\n')
 
 
-@lru_cache(maxsize=None)
+@cache
 def module(name: str, device_index: int):
     """The compiled cupy.RawModule of `name` for one GPU (compiled for that GPU's arch)."""
     import cupy

@@ -4,7 +4,7 @@ as CuPy's, and the launch counter. The ops are torch.library custom ops; the swi
 launches read are repro.kernels.plumbing.switches'."""
 import math
 from collections import Counter
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 import torch
@@ -97,7 +97,7 @@ def stream(device):
     return cupy_stream(torch.cuda.current_stream(device).cuda_stream)
 
 
-@lru_cache(maxsize=None)
+@cache
 def kernel(source, name, device_index, smem):
     """The kernel `name` of the .cu `source` (cuda_build.SOURCES' key), compiled for one GPU."""
     kern = cuda_build.module(source, device_index).get_function(name)

@@ -111,7 +111,7 @@ def _failed(rows: pd.DataFrame, name: str = "attention") -> str | None:
     bad = rows[rows.status.map(failed)]
     if not len(bad):
         return None
-    seed = (lambda r: f" seed {r['seed']}") if "seed" in bad else (lambda r: "")  # noqa: E731
+    seed = (lambda r: f" seed {r['seed']}") if "seed" in bad else (lambda r: "")
     return "; ".join(f"{r[name]}{seed(r)} failed ({r['status']})" for _, r in bad.iterrows())
 
 
@@ -525,7 +525,7 @@ def claims(results_dir: Path, manifest: Manifest | None = None) -> list[Claim]:
 def section(results_dir: Path, manifest: Manifest | None = None) -> str:
     """The claims table in markdown (for the report and the README)."""
     rows = claims(results_dir, manifest)
-    cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
     lines = ["| Claim | Paper | Here (CPU-sized runs; the GPU rows: one H100 run each) | Verdict |",
              "|---|---|---|---|"]
     lines += [f"| {cell(r.claim)} | {cell(r.paper)} | {cell(r.here)} | **{cell(r.verdict)}** |" for r in rows]

@@ -106,7 +106,7 @@ def copy_lengths(ctx) -> str:
     df = pd.DataFrame(rows)
     table, failures = [], []
     for n, at_n in df.groupby("max_len"):
-        by = {a: g for a, g in at_n.groupby("attention")}
+        by = dict(at_n.groupby("attention"))
         seeds = {a: _seeds(by.get(a)) for a in ATTENTIONS}
         verdict, linear_text = runs_out(seeds["softmax"], seeds["linear"])
         for att in ATTENTIONS:
