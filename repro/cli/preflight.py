@@ -71,7 +71,7 @@ def _has_key(cfg, key: str) -> bool:
     for part in key.split("."):
         if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
             node = node._get_node(int(part))  # a list item: trainer.scheduler.milestones.0=100
-        elif isinstance(node, DictConfig) and part in node:
+        elif isinstance(node, DictConfig) and part in node.keys():  # noqa: SIM118 (`in` on a DictConfig skips keys like _target_)
             node = node._get_node(part)
         else:
             return False

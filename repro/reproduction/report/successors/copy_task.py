@@ -106,7 +106,7 @@ def copy_lengths(ctx) -> str:
     df = pd.DataFrame(rows)
     table, failures = [], []
     for n, at_n in df.groupby("max_len"):
-        by = dict(at_n.groupby("attention"))
+        by = dict(list(at_n.groupby("attention")))  # (a GroupBy is not a mapping)
         seeds = {a: _seeds(by.get(a)) for a in ATTENTIONS}
         verdict, linear_text = runs_out(seeds["softmax"], seeds["linear"])
         for att in ATTENTIONS:
