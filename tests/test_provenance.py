@@ -1,8 +1,7 @@
 """Every commit a committed result quotes exists in this repository: the git SHA of every results
 row (JSONL, JSON, CSV) and every short SHA written in the results' READMEs, tables, REPORT.md, README.md and docs/
 must resolve (`git cat-file -e`). A run made in another worktree names the commit of main whose
-tree it ran; otherwise it is run again. PENDING lists the files still quoting a commit that does
-not exist, each with its rerun; an entry that no longer fails must be removed."""
+tree it ran; otherwise it is run again."""
 import csv
 import json
 import re
@@ -18,13 +17,6 @@ DOCS = REPO / "docs"
 SHA_KEYS = {"git_sha", "commit"}          # our own commit; authors_commit / library_commit name other repositories
 FOREIGN_KEYS = {"authors_commit", "library_commit"}
 TEXT = re.compile(r"(?<![\w-])([0-9a-f]{7,12})(?:-dirty)?(?![\w])")
-PENDING = {  # file (relative to results/) -> the run that replaces it
-    "fidelity/mnist_cpu/fidelity_runs.csv": "python -m repro.reproduction.fidelity --task mnist",
-    "fidelity/mnist_cpu/fidelity_rows.jsonl": "the same run",
-    "fidelity/mnist_cpu/README.md": "the same run",
-    "REPORT.md": "rebuilt once the fidelity runs above are",
-    "docs/fidelity.md": "the same rebuild",
-}
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True,
@@ -83,14 +75,9 @@ def unresolved() -> dict[str, set[str]]:
 
 
 def test_every_quoted_commit_exists():
-    bad = {f: s for f, s in unresolved().items() if f not in PENDING}
+    bad = unresolved()
     assert not bad, "results quoting commits absent from the repository (run them again at a commit of main):\n" + \
         "\n".join(f"  {f}: {', '.join(sorted(s))}" for f, s in sorted(bad.items()))
-
-
-def test_pending_reruns_are_still_pending():
-    stale = sorted(set(PENDING) - set(unresolved()))
-    assert not stale, f"these files now quote only existing commits: remove them from PENDING: {stale}"
 
 
 def test_the_scan_sees_a_missing_commit(tmp_path):
