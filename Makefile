@@ -1,9 +1,10 @@
-# make run: set up .venv (first time only) and run the main job; make test: set up, lint and run the tests.
+# make run: set up .venv (first time only) and run the main job; make test: set up, lint and run the tests;
+# make test-fast: the same less the tests marked slow.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test clean-venv gpu-bundle check-gpu-bundle
+.PHONY: setup run test test-fast clean-venv gpu-bundle check-gpu-bundle
 setup: $(VENV)/.installed
 
 # Re-installs only when requirements.txt changes.
@@ -20,6 +21,12 @@ run: setup
 test: setup
 	$(PY) -m ruff check .
 	WANDB_MODE=disabled $(PY) -m pytest -q -n auto --maxprocesses 4 --durations 15 tests
+
+# the same, less the tests marked slow (end-to-end runs: run.py sweeps, whole trainings, compiles,
+# builds from scratch; docs/testing.md): the lane to run while working, make test before a commit
+test-fast: setup
+	$(PY) -m ruff check .
+	WANDB_MODE=disabled $(PY) -m pytest -q -n auto --maxprocesses 4 --durations 15 -m "not slow" tests
 
 # Wheels (Python 3.12, manylinux x86_64) + the fast-transformers sdist for an offline GPU machine,
 # in gpu_bundle/ (git-ignored, <= 40 MB); see docs/gpu.md. Needs PyPI.

@@ -15,6 +15,8 @@ from repro.models.generate import generate
 from repro.tasks.copy import run
 from repro.training.loop import compile_step
 
+pytestmark = pytest.mark.slow  # torch.compile
+
 BASE = ("experiment=smoke_copy", "attention=linear", "task.max_len=12", "task.batch_size=4", "model.n_layers=1",
         "model.d_model=16", "model.n_heads=2", "model.d_ff=16", "trainer.max_steps=3", "trainer.log_every=1",
         "trainer.eval_every=0", "trainer.checkpoint=false", "trainer.progress=false")

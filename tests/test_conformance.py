@@ -234,6 +234,7 @@ def custom(userpkg, *args):
     return as_user(userpkg, "task=conformance", "attention=custom", *args)
 
 
+@pytest.mark.slow
 def test_a_users_class_passes_from_the_command_line(userpkg, tmp_path):
     res = custom(userpkg, "attention._target_=userpkg.attentions.Plain", f"hydra.run.dir={tmp_path}")
     assert res.returncode == 0, res.stderr
@@ -268,6 +269,7 @@ def test_custom_without_a_usable_class_is_one_line(userpkg, tmp_path, args, line
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # run.py: the check and a training
 def test_a_plain_module_runs_every_task_it_fits(userpkg, tmp_path):
     """torch's nn.MultiheadAttention behind the call: no causal_only, recurrent or step, and
     nothing else the suite's own layers carry. It checks, and it trains (the copy task,

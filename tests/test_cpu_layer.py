@@ -1,6 +1,6 @@
 """The linear layer's fused CPU attention (repro/kernels/normalised/linear_layer_cpu.c,
 repro.kernels.normalised.cpu_layer) against the float64 formula written out
-(tests.test_attention.explicit_linear): forward, every subset of gradients, odd sizes and partial
+(tests.attention.test_attention.explicit_linear): forward, every subset of gradients, odd sizes and partial
 chunks, the projections' strided views and other layouts, padded keys, threads; phi's exp at the
 ends of its range; non-finite inputs (the exact path takes over, with the same result); where the
 layer takes it and where it does not; the raw calls' refusals; and the peak memory it was built
@@ -8,13 +8,13 @@ for (below SDPA softmax's)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from test_attention import explicit_linear
-from test_linear_memory import layer_peaks
 
 from repro.attention import LinearAttention
 from repro.attention.feature_maps import ReluFeatureMap
 from repro.kernels.causal_product import cpu_native
 from repro.kernels.normalised import cpu_layer
+from tests.attention.test_attention import explicit_linear
+from tests.test_linear_memory import layer_peaks
 
 pytestmark = pytest.mark.skipif(cpu_native.unavailable() is not None,
                                 reason=f"the fused CPU kernel does not build here: {cpu_native.unavailable()}")

@@ -60,6 +60,7 @@ def rel_err(x, ref):
 
 # --------------------------------------------------------------------------- CPU: build checks
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name", sorted(cuda_build.SOURCES))
 def test_nvrtc_compiles_every_instance(name, arch):
@@ -67,6 +68,7 @@ def test_nvrtc_compiles_every_instance(name, arch):
     assert set(lowered) == set(cuda_build.SOURCES[name]) and all(lowered.values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", sorted(cuda_build.SOURCES))
 def test_nvcc_compiles_every_instance(name, tmp_path):
@@ -649,6 +651,7 @@ def test_bench_fast_transformers_source_from_the_sdist(tmp_path):
         assert "CUDA" in peers.fast_transformers("cuda", sdist).why
 
 
+@pytest.mark.slow  # pytest in a fresh process
 def test_kernels_and_their_tests_need_no_hydra():
     """A GPU machine may have only torch, CuPy, numpy and pytest: with hydra and omegaconf made
     unimportable, the kernels and the benchmark import and this file's CPU tests run."""

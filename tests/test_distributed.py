@@ -49,6 +49,7 @@ def assert_same_steps(got, ref):
         assert common and [a[s] for s in common] == pytest.approx([b[s] for s in common], rel=1e-5), (kind, key)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_equal_one(compose_cfg, tmp_path):
     ref = single_process(compose_cfg, tmp_path / "single", 3)
     (tmp_path / "ddp").mkdir()
@@ -88,6 +89,7 @@ def _worker(rank, port, out, queue):
         distributed.cleanup()
 
 
+@pytest.mark.slow
 def test_resume_under_ddp_continues_exactly(compose_cfg, tmp_path):
     import socket
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from repro.attention.conformance import PROPERTIES
 
@@ -38,6 +39,7 @@ def test_the_documented_files_are_the_ones_added():
         assert f"`{dest.replace(stem, '<name>')}`" in page and f"`tests/extending/{src}`" in page, (src, dest)
 
 
+@pytest.mark.slow
 def test_an_attention_a_task_and_a_report_table_added_as_documented_run_end_to_end(tmp_path):
     clone = tmp_path / "repo"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -93,6 +95,7 @@ def user_commands():
     return check + ["hydra.run.dir=outputs/conformance"], copy
 
 
+@pytest.mark.slow
 def test_a_kernel_added_as_documented_is_checked_against_its_reference(tmp_path):
     """"Adding a kernel" followed in a copy of the repository: the op folder's files where the page
     says, its test passes, the layout check flags the folder until KERNEL_FOLDERS names it; with a

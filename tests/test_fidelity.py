@@ -177,6 +177,7 @@ def test_bad_mnist_input_is_one_line(authors):
 
 # ----------------------------------------------------------------------------- end to end
 
+@pytest.mark.slow
 def test_driver_end_to_end_interleaves_resumes_and_writes_atomically(authors, tmp_path, monkeypatch):
     out, work = tmp_path / "out", tmp_path / "work"
     argv = ["--task", "copy", "--authors", str(authors), "--authors-python", sys.executable, "--steps", "100",
@@ -215,6 +216,7 @@ def test_driver_end_to_end_interleaves_resumes_and_writes_atomically(authors, tm
     assert len(commands) == 1 and commands[0].startswith("python -m repro.reproduction.fidelity --task copy")
 
 
+@pytest.mark.slow  # runs the driver
 def test_settings_reach_both_sides_the_rows_and_the_readme(authors, tmp_path):
     """Odd sizes on every option: their flags (the fake's argv), our composed config (Hydra's own
     record of it), the rows and the README carry them; ours' FF differs from their 4 x d_model."""

@@ -75,6 +75,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path, kind):
     assert ("(it names io.open)" if kind == "torch file" else "(Unsupported operand") in str(err.value)
 
 
+@pytest.mark.slow  # run.py runs
 @pytest.mark.parametrize("where", ["run dir named", "fresh run dir"])
 def test_a_hostile_resume_runs_no_code_from_the_command_line(tmp_path, where):
     """trainer.resume=<hostile file>: refused before Hydra writes (a named run dir: repro.cli.rundir)
@@ -89,6 +90,7 @@ def test_a_hostile_resume_runs_no_code_from_the_command_line(tmp_path, where):
     assert not (tmp_path / "run").exists() and not any((tmp_path / "runs").glob("*/*"))
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_hostile_checkpoint_to_sample_from_runs_no_code(tmp_path):
     """task.mode=sample task.checkpoint=<hostile file> used to run it, then fail with a KeyError."""
     marker = tmp_path / "marker"
@@ -193,6 +195,7 @@ def tampered(marker):
             "a marker-writing callable": {"_target_": "builtins.open", "file": str(marker), "mode": "w"}}
 
 
+@pytest.mark.slow  # trains, then run.py resumes
 @pytest.mark.parametrize("how", ["os.system", "a marker-writing callable"])
 def test_a_tampered_saved_config_builds_nothing_it_names(compose_cfg, tmp_path, how):
     marker = tmp_path / "marker"
@@ -281,6 +284,7 @@ def test_a_sweep_summary_imports_no_module_a_job_folder_names(compose_cfg, tmp_p
     assert (sweep / "copy_final.csv").is_file() and read_jsonl(sweep / "plantedmod.jsonl")[0]["task"] == "plantedmod"
 
 
+@pytest.mark.slow
 def test_a_sweep_into_a_folder_with_a_planted_job_runs_no_code(tmp_path):
     sweep, marker = tmp_path / "sweep", tmp_path / "marker"
     plant_job(sweep, "7", tmp_path / "mods", marker, [{"task": "plantedmod", "kind": "final"}])
@@ -293,6 +297,7 @@ def test_a_sweep_into_a_folder_with_a_planted_job_runs_no_code(tmp_path):
     assert f"{sweep} already holds runs ({sweep / '7'}) and no readable record of the sweep" in line
 
 
+@pytest.mark.slow
 def test_another_sweep_into_a_used_sweep_dir_is_refused_and_the_same_one_resumes(tmp_path):
     """A second, different sweep into a sweep dir would mix both sweeps' rows in one table and
     count both sweeps' jobs: refused before Hydra writes. The same sweep run again (a resume may

@@ -192,6 +192,7 @@ def train(compose_cfg, out, *overrides):
     return read_jsonl(out / "results.jsonl")
 
 
+@pytest.mark.slow
 def test_training_lowers_bits_per_dim_writes_grids_and_resumes(compose_cfg, tmp_path):
     whole = train(compose_cfg, tmp_path / "whole", "trainer.max_steps=40")
     train_bpd = [r["bits_per_dim"] for r in whole if r["kind"] == "train"]
@@ -275,6 +276,7 @@ def test_rows_record_the_attention_settings_used(compose_cfg, tmp_path):
                                               "redraw": "train", "attention_dropout": 0.0}
 
 
+@pytest.mark.slow  # run.py runs
 def test_attention_settings_on_the_command_line_win(tmp_path):
     """As a user types them: chunk_size=0 is refused in one line (it used to be replaced by 29 and
     end ok); chunk_size=32, the attention's own default, is kept rather than replaced by 29."""

@@ -5,12 +5,12 @@ need a gradient); second derivatives; a feature map redrawn before the backward.
 import pytest
 import torch
 import torch.nn.functional as F
-from test_attention import explicit_linear
 
 from repro.attention import LinearAttention, SoftmaxAttention
 from repro.attention.feature_maps import ReluFeatureMap
 from repro.attention.performer import FavorFeatureMap, PerformerAttention
 from repro.training.memory import saved_bytes
+from tests.attention.test_attention import explicit_linear
 
 
 def _layer_bytes(layer, x, causal):
@@ -59,7 +59,7 @@ def _views(b, n, h, d, dtype=torch.float64, gen=None):
 
 def _against_the_formula(layer, q, k, v, causal, pad, feature_map, gen, grads_in_place=False):
     """y = layer.attend(...) and the gradients of the inputs that need one, against the float64
-    formula (tests.test_attention.explicit_linear) by autograd; returns y."""
+    formula (tests.attention.test_attention.explicit_linear) by autograd; returns y."""
     y = layer.attend(q, k, v, causal, pad)
     phi = (lambda x: F.elu(x) + 1) if feature_map == "elu" else layer.feature_map
     want = explicit_linear(q, k, v, causal, pad, layer.eps, phi)

@@ -158,6 +158,7 @@ def test_pixel_model_bits_per_dim_and_sequence_layout():
     torch.testing.assert_close(model.bits_per_dim(seq), nll.mean() / (59 * torch.log(torch.tensor(2.0)).double()))
 
 
+@pytest.mark.slow  # task=throughput with torch.compile
 def test_throughput_task_runs_and_labels_extrapolation(compose_cfg, tmp_path):
     from repro.common.results import read_jsonl
     from repro.tasks import throughput
@@ -222,6 +223,7 @@ def test_throughput_runs_only_the_methods_a_preset_names(compose_cfg, tmp_path):
         throughput.run(compose_cfg(*base, "task.run_methods=[linear,gated]"))
 
 
+@pytest.mark.slow  # task=throughput with torch.compile
 def test_throughput_failed_compile_is_an_error_row(compose_cfg, tmp_path):
     """A backend that cannot compile (inductor without a C++ compiler, say) leaves that row an
     error with its reason, and the other rows are still measured and tabled."""

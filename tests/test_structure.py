@@ -195,6 +195,7 @@ def test_the_circle_and_private_checks_can_fail(tmp_path):
     assert private == ["from repro.kernels.plumbing.threads import _x", "repro.kernels.causal_product.chunked._y"]
 
 
+@pytest.mark.slow  # builds a wheel
 def test_the_package_builds_with_its_cuda_sources(tmp_path):
     """pyproject.toml: `pip install -e .` and a wheel take every package of repro/ and the kernels'
     C and CUDA sources and headers in their op and plumbing folders (built here offline, with the
@@ -260,3 +261,26 @@ def test_every_kernel_module_lives_in_an_op_folder_or_the_plumbing(tmp_path):
     for name in ("__init__.py", "chunked.py", "causal_dot.cu", "plumbing/threads.py"):
         (flat / name).write_text("")
     assert misplaced_kernel_files(flat) == ["causal_dot.cu", "chunked.py"]
+
+
+# tests/ mirrors the package: the tests of repro/<a>/<b> in tests/<a>/<b>/, the cross-cutting ones at the root
+# beside the shared helpers; tests/extending/ holds docs/extending.md's examples, no tests of the suite
+TEST_HELPER_FOLDERS = ("extending",)
+
+
+def unmirrored_test_folders(tests: Path, package: Path) -> list[str]:
+    """The folders under `tests` holding a module (helpers' aside) with no package at the same place under `package`."""
+    folders = {p.parent.relative_to(tests) for p in tests.rglob("*.py") if p.parent != tests}
+    return sorted(f.as_posix() for f in folders if f.parts[0] not in TEST_HELPER_FOLDERS
+                  and "__pycache__" not in f.parts and not (package / f / "__init__.py").is_file())
+
+
+def test_every_test_folder_mirrors_a_package(tmp_path):
+    assert not unmirrored_test_folders(REPO / "tests", PACKAGE)
+    # tests/foo/ with no repro/foo/ fails the check, and so does tests/kernels/foo/ with no repro/kernels/foo/
+    (tmp_path / "repro" / "kernels").mkdir(parents=True)
+    (tmp_path / "repro" / "kernels" / "__init__.py").write_text("")
+    for name in ("test_a.py", "kernels/test_a.py", "foo/test_a.py", "kernels/foo/test_a.py", "extending/toy.py"):
+        (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / name).write_text("")
+    assert unmirrored_test_folders(tmp_path / "tests", tmp_path / "repro") == ["foo", "kernels/foo"]

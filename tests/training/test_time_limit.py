@@ -8,11 +8,12 @@ import subprocess
 import sys
 from functools import partial
 
-from test_training import BASE, tiny_fit
+import pytest
 
 from repro.common.results import REPO, read_jsonl
 from repro.tasks.copy import run
 from repro.training import load_checkpoint
+from tests.training.test_training import BASE, tiny_fit
 
 # eval_every beyond any step reached: the one evaluation is the one at the time limit
 ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",
@@ -24,6 +25,7 @@ def steps_of(rows, kind):
     return [r["step"] for r in rows if r["kind"] == kind]
 
 
+@pytest.mark.slow
 def test_time_limit_from_the_command_line_ends_with_an_evaluation_a_checkpoint_and_exit_0(compose_cfg, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
@@ -75,10 +77,11 @@ def test_resume_with_the_same_limit_trains_nothing_and_a_larger_one_trains_on(co
     assert more["elapsed_s"] > at_stop
 
 
+@pytest.mark.slow
 def test_time_limit_under_ddp_ends_every_rank_at_the_same_step(tmp_path):
     """Each rank reads its own clock; the ranks agree (one collective a step, as for signals), so
     they stop together, without a hang, and rank 0's rows and checkpoint are at that step."""
-    from test_distributed import torchrun
+    from tests.test_distributed import torchrun
 
     run_dir, rows = torchrun(tmp_path, "trainer.max_steps=100000", "trainer.eval_every=100000",
                              "trainer.log_every=1000", "trainer.max_time_s=1")

@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from repro.common.results import REPO, read_jsonl
 from repro.training import load_checkpoint
+
+pytestmark = pytest.mark.slow  # run.py runs, stopped
 
 ARGS = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=8", "model.n_layers=1",
         "trainer.log_every=1", "trainer.eval_every=0", "trainer.max_steps=100000", "trainer.progress=false"]

@@ -74,6 +74,7 @@ def _run(*args, tmp):
     return read_jsonl(tmp / "results.jsonl"), proc
 
 
+@pytest.mark.slow  # run.py task=kernels, twice
 def test_kernels_past_the_memory_limit_are_oom_rows_and_the_run_goes_on(tmp_path):
     """task.lengths=[10000000] allocated until the operating system's OOM killer ended the run.
     Now: refused from the estimate before allocating (the inputs alone need 76 GiB); and a point

@@ -138,6 +138,7 @@ def test_training_lowers_the_loss(compose_cfg, tmp_path):
     assert (tmp_path / "copy_curves.png").stat().st_size > 0 and (tmp_path / "checkpoints/last.pt").is_file()
 
 
+@pytest.mark.slow
 def test_multirun_aggregates_over_seeds(tmp_path):
     """A real Hydra multirun (2 attentions x 2 seeds) ends in the callback's aggregate."""
     cmd = [sys.executable, "run.py", "-m", "experiment=smoke_copy", "attention=softmax,linear", "seed=0,1",
@@ -159,6 +160,7 @@ def test_multirun_aggregates_over_seeds(tmp_path):
     assert (tmp_path / "copy_curves.png").is_file()
 
 
+@pytest.mark.slow
 def test_length_sweep_table_and_plot(compose_cfg, tmp_path):
     from repro.tasks.copy import aggregate, run
 

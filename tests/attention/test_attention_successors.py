@@ -3,8 +3,8 @@ here in float64 from the papers (on the kernels' per-step recurrences, or an exp
 matrix), their paper settings, gradients to every parameter, padding, the refusal of a
 non-causal call where there is no non-causal form, and the one-line errors. Causality,
 recurrent == parallel (layer and model) and bf16 run with the causal family
-(tests/test_attention_causal_family.py); padding invariance over every config in
-tests/test_attention_noncausal_family.py."""
+(tests/attention/test_attention_causal_family.py); padding invariance over every config in
+tests/attention/test_attention_noncausal_family.py."""
 import math
 
 import pytest

@@ -14,6 +14,7 @@ from repro.reproduction.report.memory import against
 from repro.training.memory import saved_bytes
 
 
+@pytest.mark.slow  # a fresh process per point
 def test_one_step_per_point_interleaved_and_kept_bytes_exact(tmp_path):
     out = tmp_path / "mm"
     proc = subprocess.run([sys.executable, "-m", "repro.reproduction.model_memory", "--presets", "smoke_copy",

@@ -5,11 +5,11 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from test_training import BASE, tiny_fit, train
 
 from repro.tasks.copy import copy_loss
 from repro.training import load_checkpoint
 from repro.training.rows import read_rows
+from tests.training.test_training import BASE, tiny_fit, train
 
 IO = Path("/proc/self/io")
 
@@ -75,6 +75,7 @@ def test_resume_truncates_to_the_checkpoints_rows(compose_cfg, tmp_path):
     assert "rows" not in ckpt and ckpt["rows_written"] == len(whole) - 1  # all but the final row
 
 
+@pytest.mark.slow  # trains, then resumes
 def test_checkpoint_size_does_not_grow_with_the_rows(compose_cfg, tmp_path):
     sizes = []
     for n in (4, 40):

@@ -46,6 +46,7 @@ def returned_files(out: Path) -> list[Path]:
     return files
 
 
+@pytest.mark.slow
 def test_smoke_runs_every_step_and_the_report_reads_it(tmp_path):
     """docs/gpu.md's window commands, each as one remote-node command (--smoke here, on the CPU,
     with $OUT set): each returns its results as at most 8 files, and what they carry, unpacked

@@ -14,7 +14,7 @@ import pytest
 
 from repro.common.results import read_jsonl
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # tests/<folder>/this file
 TINY = ["experiment=smoke_copy", "task.max_len=12", "task.batch_size=4", "model.n_layers=1", "model.d_model=16",
         "model.n_heads=2", "model.d_ff=16", "trainer.max_steps=2", "trainer.log_every=1", "trainer.eval_every=0",
         "trainer.checkpoint=false", "trainer.progress=false"]
@@ -33,6 +33,7 @@ def announced_sweep_dir(stdout) -> Path:
     return Path(line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["basic", "slurm_local", "joblib_cpu"])
 def test_sweep_through_launcher_completes_and_aggregates(tmp_path, launcher):
     out = hydra_run(tmp_path, "-m", f"hydra/launcher={launcher}", *TINY, "seed=0,1").stdout
@@ -73,6 +74,7 @@ def test_slurm_config_takes_cluster_overrides(compose_cfg):
                     overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_nod=4"])
 
 
+@pytest.mark.slow
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     """linformer cannot be causal: its job fails, the linear job still runs, the sweep is
     aggregated, the failure listed at the end, and the exit status is 1. (The record is a file in
@@ -89,6 +91,7 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_prints_its_dir_and_logs_to_run_log(tmp_path):
     out = hydra_run(tmp_path, *TINY, "seed=3").stdout
     assert out.startswith("run dir: "), out[:500]
@@ -97,6 +100,7 @@ def test_a_run_prints_its_dir_and_logs_to_run_log(tmp_path):
     assert "copy linear N=12 seed=3: ok, step 2" in log and "[stdout][INFO] - " in log
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_command_failing_after_its_run_dir_was_made_removes_it(tmp_path):
     # a task's own check, after Hydra made the run dir: the dir holds only Hydra's files
     proc = hydra_run(tmp_path, "task=asr", "model=wsj_tiny", "task.source=kaldi", check=False)
@@ -104,6 +108,7 @@ def test_a_command_failing_after_its_run_dir_was_made_removes_it(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_sweep_run_again_into_its_dir_resumes_its_jobs_and_forgets_old_failures(tmp_path):
     """An interrupted sweep is continued by running its command again: each job with a checkpoint
     goes on from it (here: finished, so nothing to train), and the failures recorded by an
@@ -155,6 +160,7 @@ def test_the_job_log_keeps_a_progress_bar_as_its_last_state():
     assert handler.lines == [f" 4999/5000 |{'#' * 39:40s}|", "plain line", "half a line"]
 
 
+@pytest.mark.slow
 def test_a_launcher_sweep_publishes_its_aggregate(tmp_path):
     """task.publish in a sweep: the sweep's aggregate (every job's rows) lands in the publish
     folder, found through each job's config; it used to hold the last job's rows alone (the

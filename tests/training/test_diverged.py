@@ -3,9 +3,12 @@ exit 1 at the end, the other jobs unaffected), with its rows and summaries kept 
 import json
 
 import pandas as pd
+import pytest
 from run_cli import SMOKE_COPY, run_py
 
 from repro.common.results import read_jsonl
+
+pytestmark = pytest.mark.slow  # run.py runs and sweeps
 
 ARGS = [*SMOKE_COPY, "trainer.max_steps=10"]
 

@@ -165,6 +165,7 @@ def test_every_task_publishes_through_the_guard(task, make, raw, table, tmp_path
 TINY_BENCH = ["model=tiny", "task.tokens=64", "task.repeats=1", "task.warmup=0", "task.isolate=false"]
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_smoke_benchmark_cannot_replace_a_published_figure(tmp_path):
     """python run.py experiment=smoke_benchmark ... task.publish=<the Figure 1 folder> exited 0 and
     replaced its CSV, summary, plot and table: now one line, exit 2, before measuring anything."""
@@ -187,6 +188,7 @@ def test_a_smoke_benchmark_cannot_replace_a_published_figure(tmp_path):
     assert (folder / "README.md").read_text() == "the published README.md\n"  # not the aggregate's: left alone
 
 
+@pytest.mark.slow
 def test_a_benchmark_sweep_publishes_once_at_its_end(tmp_path):
     """Each job of a sweep aggregates into its own folder only; the sweep's callback publishes all
     of its rows (each job publishing its own would be refused by the next one's guard)."""
@@ -199,6 +201,7 @@ def test_a_benchmark_sweep_publishes_once_at_its_end(tmp_path):
                                                                ("softmax", 32)]
 
 
+@pytest.mark.slow
 def test_a_conformance_sweep_publishes_once_at_its_end(tmp_path):
     """Conformance jobs published each their own table, so the second job was refused by the first
     one's rows; now the sweep's summary publishes both."""
@@ -246,6 +249,7 @@ def publish_cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # its fixture runs two run.py sweeps
 def test_publish_cli_aggregates_finished_sweeps_through_the_guard(copy_sweeps, tmp_path):
     a, b = copy_sweeps
     folder = tmp_path / "copy" / "figure2"
@@ -268,6 +272,7 @@ def test_publish_cli_aggregates_finished_sweeps_through_the_guard(copy_sweeps, t
     assert {r["seed"] for r in read_jsonl(folder / "copy_rows.jsonl")} == {2}
 
 
+@pytest.mark.slow  # its fixture runs two run.py sweeps
 def test_publish_cli_bad_input_is_one_line(copy_sweeps, tmp_path):
     a, _ = copy_sweeps
     other = tmp_path / "other"
@@ -300,6 +305,7 @@ def test_the_publish_cli_finds_the_task_in_the_suites_configs_not_the_sweeps(cop
     assert (folder / "copy_final.csv").is_file()
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_copy_run_needs_publish_replace_to_replace_a_folder_without_raw_rows(tmp_path):
     """task.publish_replace=true on the command line reaches a task that takes it from no config of
     its own (copy): every row the run makes carries it (repro.common.results.provenance)."""

@@ -54,6 +54,7 @@ def losses(rows):
     return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(compose_cfg, tmp_path):
     whole = train(compose_cfg, tmp_path / "whole", "trainer.max_steps=10", "trainer.scheduler.milestones=[6]")
     first = train(compose_cfg, tmp_path / "first", "trainer.max_steps=5", "trainer.scheduler.milestones=[6]")
@@ -82,6 +83,7 @@ def test_bf16_autocast_trains(compose_cfg, tmp_path):
     assert all(torch.isfinite(torch.tensor(v)) for v in losses(rows).values())
 
 
+@pytest.mark.slow  # trains, then resumes
 def test_corrupt_truncated_and_missing_checkpoints(compose_cfg, tmp_path):
     train(compose_cfg, tmp_path / "ok", "trainer.max_steps=2")
     good = (tmp_path / "ok/checkpoints/last.pt").read_bytes()
@@ -98,6 +100,7 @@ def test_corrupt_truncated_and_missing_checkpoints(compose_cfg, tmp_path):
         load_checkpoint(tmp_path / "nowhere")
 
 
+@pytest.mark.slow  # trains, then resumes
 def test_mismatched_checkpoint_is_refused(compose_cfg, tmp_path):
     train(compose_cfg, tmp_path / "ok", "trainer.max_steps=2")
     with pytest.raises(ConfigError, match="model.d_model is 64 there, 32 here") as err:
@@ -185,6 +188,7 @@ def test_elapsed_s_runs_on_across_a_resume(compose_cfg, tmp_path):
     assert resumed[0]["elapsed_s"] > at_stop and resumed[-1]["elapsed_s"] >= at_stop + rest[-1]["train_time_s"]
 
 
+@pytest.mark.slow
 def test_rerun_in_a_run_dir_with_a_checkpoint_is_refused_and_resume_in_place_works(compose_cfg, tmp_path):
     train(compose_cfg, tmp_path, "trainer.max_steps=2")
     before = (tmp_path / "checkpoints/last.pt").read_bytes()
@@ -198,6 +202,7 @@ def test_rerun_in_a_run_dir_with_a_checkpoint_is_refused_and_resume_in_place_wor
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4] and rows[-1]["steps"] == 4
 
 
+@pytest.mark.slow  # trains, then resumes
 def test_resuming_a_finished_run_says_so_and_trains_nothing(compose_cfg, tmp_path, capsys):
     first = train(compose_cfg, tmp_path / "first", "trainer.max_steps=3")
     capsys.readouterr()
@@ -212,6 +217,7 @@ def test_resuming_a_finished_run_says_so_and_trains_nothing(compose_cfg, tmp_pat
     assert f"mean {first[-1]['time_per_step_mean_ms']:.1f} ms" in out and "the one that wrote its checkpoint" in out
 
 
+@pytest.mark.slow  # trains, then resumes
 def test_max_steps_below_the_checkpoint_is_refused(compose_cfg, tmp_path):
     train(compose_cfg, tmp_path / "first", "trainer.max_steps=4")
     with pytest.raises(ConfigError, match=r"trainer.max_steps=2 is below the step of the checkpoint it resumes "
@@ -219,6 +225,7 @@ def test_max_steps_below_the_checkpoint_is_refused(compose_cfg, tmp_path):
         train(compose_cfg, tmp_path / "rest", "trainer.max_steps=2", f"trainer.resume={tmp_path / 'first'}")
 
 
+@pytest.mark.slow  # trains
 def test_threads_default_to_one_on_cpu_and_the_step_time_printed_is_the_mean(compose_cfg, tmp_path, monkeypatch,
                                                                           capsys):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -351,6 +358,7 @@ def test_a_step_reads_nothing_back_from_the_device_until_a_sync_point(compose_cf
     assert [r["step"] for r in rows] == [5, 10] and all(r["watched"] == r["accuracy"] for r in rows)
 
 
+@pytest.mark.slow  # trains, then resumes
 def test_a_checkpoint_damaged_after_it_was_written_is_refused(compose_cfg, tmp_path):
     """Bytes zeroed inside last.pt used to load and resume on damaged optimizer state: the file's
     SHA-256, written with it, is checked on load."""
@@ -376,6 +384,7 @@ def test_a_checkpoint_damaged_after_it_was_written_is_refused(compose_cfg, tmp_p
     assert whole.is_file()
 
 
+@pytest.mark.slow  # trains, then resumes
 @pytest.mark.parametrize("change", ["seed=1", "task.max_len=12"])
 def test_a_resume_with_another_setting_of_the_run_is_refused(compose_cfg, tmp_path, change):
     """The seed, the task's settings, the optimizer and the precision are the run's own: a resume
@@ -405,6 +414,7 @@ def test_the_fingerprint_holds_every_setting_but_those_a_resume_may_change(compo
         assert default_fingerprint(compose_cfg(*BASE, change)) == base, change
 
 
+@pytest.mark.slow  # trains, then resumes
 def test_csv_metrics_carry_on_across_a_resume(compose_cfg, tmp_path):
     """logger=csv: a resumed run's metrics.csv starts with the earlier run's rows up to the
     checkpoint (it used to start afresh, the steps before the resume gone), in a new run dir and

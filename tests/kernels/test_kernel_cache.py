@@ -119,6 +119,7 @@ def test_a_bad_cached_library_is_rebuilt(cache, built, capsys, monkeypatch, why)
     assert lib.read_bytes() == built and not lib.is_symlink() and not lib.stat().st_mode & 0o022
 
 
+@pytest.mark.slow  # one real build of the C source
 def test_a_truncated_library_is_rebuilt_not_a_sigbus(cache, built):
     """A library cut short used to kill every later process with SIGBUS inside dlopen, without a
     word; now the file is read first, and rebuilt. Run in child processes: the old code's crash."""
@@ -228,6 +229,7 @@ def test_repro_kernel_errors_are_config_errors(monkeypatch):
     assert issubclass(backend.BackendUnavailable, ConfigError) and issubclass(backend.BackendUnavailable, RuntimeError)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting, line", [
     ({"REPRO_KERNEL": "bogus"}, "error: REPRO_KERNEL='bogus' is not a backend; valid: cupy, cpu, torch"),
     ({"REPRO_KERNEL": "cpu", "CC": "/no/such/cc"},

@@ -167,6 +167,7 @@ def test_padding_does_not_change_bilstm_outputs():
     _alone_vs_padded(BiLSTMEncoder(N_LABELS, n_layers=1, hidden=16, subsample=2), [29, 7, 16])
 
 
+@pytest.mark.slow
 def test_ctc_training_lowers_the_loss(corpus):
     torch.manual_seed(0)
     ds = SpeechDataset(load_manifest(corpus), LogMelFilterbank())
@@ -266,6 +267,7 @@ def test_loader_errors_are_one_line(tmp_path, case, match):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_task_end_to_end_and_errors(compose_cfg, tmp_path):
     from repro.tasks.asr import aggregate, run
 

@@ -4,6 +4,7 @@ a lock whose owner is gone does not block."""
 import json
 import os
 
+import pytest
 from run_cli import ENV, SMOKE_COPY, run_py
 
 from repro.cli import rundir
@@ -25,6 +26,7 @@ def one_error_line(res):
     return errors[0]
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_run_into_a_directory_held_by_another_exits_2_and_touches_nothing(tmp_path):
     held = tmp_path / "run"
     rundir.lock(held, "run")  # this process owns it, as a running run would
@@ -42,6 +44,7 @@ def test_a_run_into_a_directory_held_by_another_exits_2_and_touches_nothing(tmp_
     assert [p.name for p in sweep.iterdir()] == [rundir.LOCK]
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
@@ -51,6 +54,7 @@ def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path):
     assert json.loads((d / rundir.LOCK).read_text())["pid"] != 999999  # the new owner's
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_run_into_a_finished_runs_directory_is_refused_before_hydra_rewrites_its_record(tmp_path):
     d = tmp_path / "run"
     assert run(f"hydra.run.dir={d}").returncode == 0
@@ -61,6 +65,7 @@ def test_a_run_into_a_finished_runs_directory_is_refused_before_hydra_rewrites_i
     assert tree(d) == before  # .hydra/overrides.yaml and run.log untouched
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_full_disk_and_a_run_dir_under_a_file_are_one_line(tmp_path):
     """ENOSPC while writing the rows (simulated: os.replace refuses results.jsonl) used to end in
     a traceback; a run dir named under a file too. Each is one line; nothing half-written stays."""
@@ -93,6 +98,7 @@ def test_printing_the_config_takes_no_lock_and_makes_no_directory(tmp_path):
     assert res.returncode == 0 and "attention:" in res.stdout and not d.exists()
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_run_inside_a_running_sweep_is_refused(tmp_path):
     """A single run named into a job directory of a sweep that is running (the sweep holds its
     sweep dir) is refused before it writes there; so is a sweep pinned inside it."""
@@ -108,6 +114,7 @@ def test_a_run_inside_a_running_sweep_is_refused(tmp_path):
     assert res.returncode == 2 and "is inside" in one_error_line(res) and not (sweep / "inner").exists()
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_share_one_lock_taken_by_rank_0(tmp_path):
     """Under torchrun rank 0 takes the shared run dir's lock for every rank: a torchrun into a held
     directory fails (every rank exits 2) with one line from rank 0 and writes nothing there."""
@@ -140,6 +147,7 @@ def test_a_directory_named_through_an_environment_variable_is_locked_too(tmp_pat
     assert [p.name for p in held.iterdir()] == [rundir.LOCK]
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_refused_resume_in_place_leaves_the_runs_record_as_it_was(tmp_path):
     """trainer.resume=D hydra.run.dir=D with another seed: refused by the checkpoint's fingerprint
     before Hydra rewrites D/.hydra (it used to record seed=5 there, then refuse)."""
@@ -153,6 +161,7 @@ def test_a_refused_resume_in_place_leaves_the_runs_record_as_it_was(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_finished_run_without_a_checkpoint_is_not_overwritten(tmp_path):
     d = tmp_path / "run"
     assert run(f"hydra.run.dir={d}", "trainer.checkpoint=false").returncode == 0
@@ -162,6 +171,7 @@ def test_a_finished_run_without_a_checkpoint_is_not_overwritten(tmp_path):
     assert tree(d) == before
 
 
+@pytest.mark.slow  # run.py runs
 def test_a_measuring_task_resumes_into_its_own_directory(tmp_path):
     """task=benchmark resumes from its rows when run again with hydra.run.dir=<its directory>
     (docs/benchmark.md): the refusal of a finished training run without a checkpoint does not

@@ -121,6 +121,7 @@ def test_host_threads_respect_inference_mode_and_per_thread_modes(two_threads):
     assert counter.get_total_flops() >= 2 * 32 * 1000 * c * 16  # at least the intra-chunk scores
 
 
+@pytest.mark.slow
 def test_the_layer_compiles_as_one_graph(two_threads):
     torch._dynamo.reset()
     layer = LinearAttention(d_model=64, n_heads=4)

@@ -62,6 +62,7 @@ def _scan(run):
     return keys, config, done
 
 
+@pytest.mark.slow  # trains, then resumes
 def test_offline_run_logs_config_and_metrics_and_resume_keeps_the_id(compose_cfg, tmp_path):
     first = tmp_path / "first"
     run(compose_cfg(*BASE, "trainer.max_steps=2", "logger.group=g1", f"+task.out_dir={first}"))
@@ -143,6 +144,7 @@ def logged(run_dir):
     return keys, media
 
 
+@pytest.mark.slow
 def test_a_run_from_the_command_line_uploads_its_tables_and_figures(tmp_path):
     keys, media = logged(announced(run_py(tmp_path, *TINY_CLI), "run"))
     assert {"train/loss", "tables/copy_final", "tables/copy_curves", "figures/copy_curves"} <= keys, keys
@@ -150,6 +152,7 @@ def test_a_run_from_the_command_line_uploads_its_tables_and_figures(tmp_path):
     assert any(m.startswith("images/figures/copy_curves_") and m.endswith(".png") for m in media), media
 
 
+@pytest.mark.slow
 def test_a_sweep_from_the_command_line_uploads_its_aggregate(tmp_path):
     sweep = announced(run_py(tmp_path, "-m", *TINY_CLI, "seed=0,1"), "sweep")
     keys, media = logged(sweep)

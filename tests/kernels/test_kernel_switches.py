@@ -11,7 +11,7 @@ from repro.kernels.causal_product import cuda as product_cuda
 from repro.kernels.plumbing import cuda_grid, cupy_launch, switches
 from repro.kernels.plumbing.switches import Switches, switched
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # tests/<folder>/this file
 H100_OPTIN = 227 * 1024  # an H100's shared memory per block (opt-in)
 
 

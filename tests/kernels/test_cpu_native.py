@@ -168,6 +168,7 @@ def test_a_failed_build_leaves_the_pytorch_pieces(monkeypatch, tmp_path, calls):
         causal_dot_product(q, k, v)
 
 
+@pytest.mark.slow  # compiles the C source from scratch
 def test_the_build_is_cached_and_atomic(monkeypatch, tmp_path):
     """Built once into the cache under a name keyed by source, flags and CPU; a second process
     (here: a fresh load) reuses it without compiling."""
@@ -204,11 +205,10 @@ def test_the_linear_layer_on_the_fused_kernel(monkeypatch, calls, workspace, pad
     chunked PyTorch pieces), forward and the gradients that are needed. Those paths serve the
     feature maps the fused layer kernel (repro.kernels.normalised.cpu_layer: elu + 1) does not compute, and
     elu + 1 where that kernel declines; here it is turned off."""
-    from test_attention import explicit_linear
-
     from repro.attention import LinearAttention
     from repro.attention.performer import FavorFeatureMap
     from repro.kernels.normalised import blocked, cpu_layer
+    from tests.attention.test_attention import explicit_linear
 
     monkeypatch.setattr(blocked, "default_workspace", lambda q: workspace)
     monkeypatch.setattr(cpu_layer, "applies", lambda *a: False)
