@@ -84,6 +84,6 @@ if [ -n "${TORCH_WHEEL:-}" ]; then
     ln -sfn "$NVIDIA_LIBS" "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia"
   fi
   PYTHONPATH="$SITE" OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/test_cupy_kernels.py tests/test_kernels.py
+    tests/kernels/test_cupy_kernels.py tests/kernels/test_kernels.py
 fi
 echo "check_gpu_bundle: ok"

@@ -1,7 +1,7 @@
-"""Attentions for tests/test_conformance.py: a correct one written plainly, each of the others
+"""Attentions for tests/attention/test_conformance.py: a correct one written plainly, each of the others
 broken in one way that one property of the conformance check is there to catch (and named for
 it), and torch's own nn.MultiheadAttention behind the suite's call (not an AttentionLayer).
-tests/test_conformance.py also copies this file into a temporary package, a user's, to run
+tests/attention/test_conformance.py also copies this file into a temporary package, a user's, to run
 them as attention=custom."""
 import math
 import sys

@@ -1,6 +1,6 @@
 """A causal transformer over tokens, with step-by-step generation through the attention's
 recurrent twin. Its step outputs equal its parallel forward on the same tokens: that equality
-is the paper's title, and tests/test_model.py checks it."""
+is the paper's title, and tests/models/test_model.py checks it."""
 from dataclasses import dataclass, field
 
 import torch

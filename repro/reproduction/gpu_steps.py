@@ -69,8 +69,9 @@ def env_jobs(ctx):
     sanitizer = shutil.which("compute-sanitizer")
     san_skip = gpu or (None if sanitizer else "compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
     tests = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations", "12", "-p", "no:cacheprovider",
-             "tests/test_cupy_kernels.py",
-             "tests/test_successor_kernels.py::test_cuda_equals_the_recurrence", f"--junitxml={d / 'kernel_tests.xml'}"]
+             "tests/kernels/test_cupy_kernels.py",
+             "tests/kernels/test_successor_kernels.py::test_cuda_equals_the_recurrence",
+             f"--junitxml={d / 'kernel_tests.xml'}"]
     # --report-api-errors no: torch's and CuPy's start-up probes make CUDA API calls that fail by
     # design (an absent driver feature, say); counted as errors they would fail every launch
     return [Job("kernel_tests", tests, env={"REPRO_KERNEL": "cupy"}, skip=gpu, wall_s=240)] + [

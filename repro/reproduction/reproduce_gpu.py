@@ -5,7 +5,7 @@
     python -m repro.reproduce_gpu --smoke          # every step at tiny sizes on the CPU (a test)
 
   1 env         environment report (GPU, driver, torch, CuPy, ...), the GPU kernel tests
-                (REPRO_KERNEL=cupy pytest tests/test_cupy_kernels.py), and compute-sanitizer
+                (REPRO_KERNEL=cupy pytest tests/kernels/test_cupy_kernels.py), and compute-sanitizer
                 memcheck and racecheck on one small launch of each kernel, when it is on PATH
   2 kernels     the kernel benchmark, fp32 and bf16, N = 1k .. 64k, against the chunked path, the
                 authors' CUDA kernel, fla's chunk kernel and SDPA (% of the bandwidth floor)

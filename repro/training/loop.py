@@ -43,7 +43,7 @@ e.g. ShuffledBatches(rank=, world_size=), is taken as already sharded). loss_fn 
 the DDP wrapper: call model(...), not other methods of it, in the training loss. Train and eval
 metrics are averaged over ranks; rank 0 alone writes rows, logs and checkpoints (the others
 wait at a barrier). The losses equal a single process's on the same global batch when the
-loss is a mean over equal shares (tests/test_distributed.py).
+loss is a mean over equal shares (tests/training/test_distributed.py).
 
 trainer.compile=true trains a torch.compile'd model (trainer.compile_backend: inductor, or
 aot_eager / eager for a quick check); evaluation, eval_hook and checkpoints use the plain

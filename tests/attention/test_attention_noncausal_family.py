@@ -14,7 +14,7 @@ from repro.common.errors import ConfigError
 from repro.conf import compose_group
 from repro.conf.attention import named_attentions
 
-ALL_CONFIGS = named_attentions()  # custom (the user's class) aside: tests/test_conformance.py
+ALL_CONFIGS = named_attentions()  # custom (the user's class) aside: tests/attention/test_conformance.py
 FAMILY = ["linformer", "nystrom", "bigbird", "longshort"]
 
 

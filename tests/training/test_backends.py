@@ -1,7 +1,7 @@
 """Every timing row names the kernel it ran on (repro.training.backends): the answer checked
 against the calls a forward and backward pass makes, and the rows of the benchmark, throughput
 and kernels tasks; a run on the PyTorch path where a kernel exists says so once (the report's
-column: tests/test_figure1_kernels.py)."""
+column: tests/tasks/test_figure1_kernels.py)."""
 import pandas as pd
 import pytest
 import torch

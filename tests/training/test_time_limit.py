@@ -81,7 +81,7 @@ def test_resume_with_the_same_limit_trains_nothing_and_a_larger_one_trains_on(co
 def test_time_limit_under_ddp_ends_every_rank_at_the_same_step(tmp_path):
     """Each rank reads its own clock; the ranks agree (one collective a step, as for signals), so
     they stop together, without a hang, and rank 0's rows and checkpoint are at that step."""
-    from tests.test_distributed import torchrun
+    from tests.training.test_distributed import torchrun
 
     run_dir, rows = torchrun(tmp_path, "trainer.max_steps=100000", "trainer.eval_every=100000",
                              "trainer.log_every=1000", "trainer.max_time_s=1")

@@ -9,7 +9,7 @@
 //  - S stays in the warps' fp32 mma accumulators (warp w owns S's rows 16 (w % 4).. and columns
 //    32 (w / 4)..: the tile it updates), stored only as the bf16 S^T operand of Q S.
 // Two barriers a chunk where cdp_chunks_tc has five. Every product sums the same terms in the same
-// order as cdp_chunks_tc, so the outputs are bit for bit its outputs (tests/test_cupy_kernels.py).
+// order as cdp_chunks_tc, so the outputs are bit for bit its outputs (tests/kernels/test_cupy_kernels.py).
 // causal_dot_tc.cu (its tile sizes, Mma, ld_pair, frag_a_rows, mma_k16) precedes this file (cuda_build.py).
 // The chunk kernel's smem bytes: 2 (8 CHUNK TC_P) = 73,728, so 3 blocks fit an H100 SM (227 KB
 // usable) where cdp_chunks_tc's 83,456 fit 2; so do its registers (TCS_MIN_BLOCKS).

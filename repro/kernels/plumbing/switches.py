@@ -7,7 +7,7 @@
                            REPRO_KERNEL=cupy runs them. On since the GPU kernel tests passed on
                            an NVIDIA H100 80GB HBM3 (88, none skipped, commit 239c217;
                            results/gpu/NVIDIA_H100_80GB_HBM3/env/); verify another GPU with
-                           REPRO_KERNEL=cupy python -m pytest -q -rs tests/test_cupy_kernels.py
+                           REPRO_KERNEL=cupy python -m pytest -q -rs tests/kernels/test_cupy_kernels.py
     tensor_cores  on       bf16 products on tensor cores (causal_dot_tc.cu)
     bare_smem     off      the bare tensor-core product asks only the shared memory it uses
     vec_loads     off      the tensor-core kernel loads Q and K 16 bytes a thread

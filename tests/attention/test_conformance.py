@@ -32,7 +32,7 @@ SIZES = {"d_model": 32, "n_heads": 4, "batch": 3, "length": 37}
 # boundaries, and with them which earlier keys an earlier query sees (its causal mask only stops
 # a query reading a later position's value).
 KNOWN = {"repro.attention.lsh.LSHAttention": {"causality"}}
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: the shared fixtures
 
 
 def table_of(factory, **kw):

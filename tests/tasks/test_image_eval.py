@@ -4,10 +4,10 @@ and the count in every row (n_eval)."""
 import contextlib
 
 import torch
-from test_image_task import train
 
 from repro.tasks import image
 from repro.training.parts import evaluate
+from tests.tasks.test_image_task import train
 
 
 def test_held_out_mean_is_the_per_image_mean(compose_cfg):

@@ -23,7 +23,7 @@ from repro.conf.attention import build_attention, named_attentions
 from repro.reproduction.report import scorecard as card
 from repro.tasks import scorecard
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PARTS = "conformance,figure1,copy,mnist,speech,generation"
 
 

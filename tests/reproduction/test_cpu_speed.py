@@ -16,6 +16,7 @@ TINY = ["--threads", "1", "--rounds", "1", "--kernel-lengths", "40", "--pass-len
         "--generation-backend", "eager"]
 
 
+@pytest.mark.slow  # every row of the benchmark, at small sizes
 def test_every_row_written(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "fast_transformers", None)  # not importable, whatever is installed
     monkeypatch.setitem(sys.modules, "fast_transformers.causal_product", None)

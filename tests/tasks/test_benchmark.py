@@ -44,6 +44,7 @@ def test_timeout_is_a_row_and_longer_lengths_are_skipped(compose_cfg, tmp_path):
     assert rows[1]["reason"] == "skipped: timeout at N=16"
 
 
+@pytest.mark.slow  # run.py in a subprocess
 def test_a_benchmark_whose_every_point_failed_says_why_and_exits_nonzero(tmp_path):
     proc = run_py(*TINY, "task.isolate=false", "task.attentions=[linear]", "task.time_budget_s=1e-6",
                   f"hydra.run.dir={tmp_path}", umask=0o002)
@@ -68,6 +69,7 @@ def test_out_of_memory_in_process_is_a_row():
     assert result["status"] == "oom" and "allocate" in result["reason"]
 
 
+@pytest.mark.slow  # run.py in a subprocess
 def test_isolated_point_past_the_memory_limit_is_an_oom_row_and_the_sweep_goes_on(tmp_path):
     # 1.2 GiB: a fresh process with torch fits; softmax's (N, N) matrices at N=4096 do not.
     proc = run_py("task.attentions=[softmax-math,linear]", "task.lengths=[64,4096]", "task.tokens=4096",
@@ -80,6 +82,7 @@ def test_isolated_point_past_the_memory_limit_is_an_oom_row_and_the_sweep_goes_o
     assert "largest N 64 (oom at N=4096)" in proc.stdout
 
 
+@pytest.mark.slow  # run.py in a subprocess
 def test_multirun_over_attention_and_length_aggregates_into_one_csv(tmp_path):
     proc = run_py("-m", *TINY[:-1], "task.isolate=false", "attention=softmax,linear", "task.lengths=16,32",
                   f"hydra.sweep.dir={tmp_path}")
@@ -110,7 +113,7 @@ def test_summary_slopes_and_crossover():
 @pytest.mark.parametrize("args, message", [
     (["attention=foo"], "error: unknown attention 'foo'; valid: "),
     (["-m", "attention=softmax,nope"], "error: unknown attention 'nope'; valid: "),
-    (["task=nope"], "error: unknown task 'nope'; valid: asr, benchmark, cifar, conformance, copy, kernels, mnist, "
+    (["task=nope"], "error: unknown task 'nope'; valid: asr, benchmark, cifar, conformance, copy, kernels, mnist, scorecard, "
                     "throughput"),
     (["task.lengths=[0]"], "error: task.lengths must be positive integers; got"),
     (["task.dtype=float8"], "error: unknown dtype 'float8'; valid: float32"),
@@ -125,6 +128,7 @@ def test_bad_config_is_one_clear_line(args, message, tmp_path):
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow  # a benchmark run twice
 def test_rerun_in_the_same_dir_resumes_without_measuring_again(compose_cfg, tmp_path):
     cfg = compose_cfg(*TINY, "task.isolate=false", "task.attentions=[linear]", f"+run_dir={tmp_path}")
     benchmark.run(cfg)
@@ -138,6 +142,7 @@ def test_rerun_in_the_same_dir_resumes_without_measuring_again(compose_cfg, tmp_
     assert again[1]["time"] >= rows[1]["time"]
 
 
+@pytest.mark.slow  # a benchmark run twice
 @pytest.mark.parametrize("change, named", [
     ("model.d_model=32", "model.d_model=64 (now 32)"),
     ("task.tokens=128", "task.tokens=64 (now 128)"),
@@ -153,6 +158,7 @@ def test_rerun_in_the_same_dir_with_other_settings_is_refused(compose_cfg, tmp_p
     assert (tmp_path / "results.jsonl").read_text() == before  # the old rows untouched
 
 
+@pytest.mark.slow  # run.py in a subprocess
 def test_a_killed_benchmark_leaves_no_point_running(tmp_path):
     """SIGKILL to run.py (no chance to clean up): the isolated point's process goes too."""
     import os

@@ -14,7 +14,7 @@ from repro.attention.feature_maps import ReluFeatureMap
 from repro.kernels.causal_product import cpu_native
 from repro.kernels.normalised import cpu_layer
 from tests.attention.test_attention import explicit_linear
-from tests.test_linear_memory import layer_peaks
+from tests.attention.test_linear_memory import layer_peaks
 
 pytestmark = pytest.mark.skipif(cpu_native.unavailable() is not None,
                                 reason=f"the fused CPU kernel does not build here: {cpu_native.unavailable()}")

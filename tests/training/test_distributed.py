@@ -14,7 +14,7 @@ from repro.tasks.copy import run
 from repro.training import load_checkpoint
 from repro.training.distributed import RankShard, shard
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # A fixed copy length (min_copy = max_copy): every sequence scores as many tokens, so the mean of
 # the two ranks' per-token means is the single process's mean, and the steps must agree.
 BASE = ["experiment=smoke_copy", "attention=linear", "task.max_len=16", "task.batch_size=6", "task.min_copy=5",

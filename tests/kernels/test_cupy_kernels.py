@@ -10,7 +10,7 @@ output pre-filled with NaN so an element no thread writes fails the test.
 
 The GPU verification command (docs/gpu.md); it needs only torch, CuPy,
 numpy and pytest:
-    REPRO_KERNEL=cupy python -m pytest -q tests/test_cupy_kernels.py
+    REPRO_KERNEL=cupy python -m pytest -q tests/kernels/test_cupy_kernels.py
 Every test here sets the backend it needs itself (REPRO_KERNEL is cleared for each test and
 the GPU tests force cupy), so the variable cannot break the CPU tests; the CPU references
 never go through the dispatcher.
@@ -41,7 +41,7 @@ from repro.kernels.recurrent import cuda as step_cuda
 CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not CUDA, reason="no CUDA device: the GPU tests of the CuPy kernels "
                                "run only on a machine with one")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -664,8 +664,8 @@ def test_kernels_and_their_tests_need_no_hydra():
         sys.meta_path.insert(0, Block())
         import repro.kernels, repro.reproduction.bench, repro.kernels.causal_product.cuda, repro.reproduction.peers
         import pytest
-        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:hydra_pytest", "tests/test_cupy_kernels.py",
-                              "-k", "step_on_cpu or fakes or bench_runs"]))
+        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:hydra_pytest",
+                              "tests/kernels/test_cupy_kernels.py", "-k", "step_on_cpu or fakes or bench_runs"]))
     """)
     res = subprocess.run([sys.executable, "-c", blocker], cwd=REPO, capture_output=True, text=True,
                          env={**__import__("os").environ, "REPRO_KERNEL": "cupy", "OMP_NUM_THREADS": "1"})
