@@ -185,7 +185,7 @@ def check_command(args: list[str], pythonpath: tuple[str, ...] = ()) -> str | No
     return _check_command(tuple(args), tuple(pythonpath))
 
 
-@functools.lru_cache(maxsize=None)  # pages repeat commands; each check composes the config twice or more
+@functools.cache  # pages repeat commands; each check composes the config twice or more
 def _check_command(args: tuple[str, ...], pythonpath: tuple[str, ...]) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -241,7 +241,7 @@ def _check_command(args: tuple[str, ...], pythonpath: tuple[str, ...]) -> str | 
     return None
 
 
-@functools.lru_cache(maxsize=None)  # one run's overrides, shared by several commands and sweeps
+@functools.cache  # one run's overrides, shared by several commands and sweeps
 def _check_single(variant: tuple[str, ...], keys_only: tuple[str, ...], pythonpath: tuple[str, ...]) -> str | None:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException

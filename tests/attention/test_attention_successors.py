@@ -64,7 +64,7 @@ def formula(layer, x, causal=True):
         o = gated_causal_dot_product_loop(q / math.sqrt(6), k, v, log_alpha.unflatten(-1, (3, 6)).transpose(1, 2))
     else:
         beta = torch.sigmoid(x @ layer.beta_proj.weight.T + layer.beta_proj.bias).transpose(1, 2)  # (B, H, N)
-        unit = lambda t: F.silu(t) / F.silu(t).norm(dim=-1, keepdim=True)  # noqa: E731
+        unit = lambda t: F.silu(t) / F.silu(t).norm(dim=-1, keepdim=True)
         o = delta_rule_loop(unit(q), unit(k), v, beta)
     return finish(layer, x, o)
 

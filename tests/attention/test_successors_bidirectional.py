@@ -43,7 +43,7 @@ def scan(layer, q, k, v, w):
 
 def reference(layer, x):
     """The layer's non-causal output on ONE unpadded sequence x (L, d_model), float64."""
-    split = lambda t, d: t.unflatten(-1, (H, d))  # noqa: E731  (L, H, d)
+    split = lambda t, d: t.unflatten(-1, (H, d))  # L, H, d
     q, k, v = split(layer.q_proj(x), D), split(layer.k_proj(x), D), split(layer.v_proj(x), M)
     if isinstance(layer, GatedLinearAttention):
         q = q / D ** 0.5

@@ -88,7 +88,7 @@ def test_states_in_and_out():
     ref = (qr @ kr.mT).tril() @ vr + qr @ s0
     gq, gk, gv = torch.autograd.grad(ref, (qr, kr, vr), g)
     gk, gv = gk + v @ r0.mT, gv + k @ r0  # the later tokens' share: sum_{j > N} (q_j . k_i) g_j . v_i
-    f = lambda x: x.float().contiguous()  # noqa: E731
+    f = lambda x: x.float().contiguous()
     out, state = torch.empty(rows, n, m), f(s0)
     assert cpu_native.forward(f(q), f(k), f(v), out, 16, state)
     _close(out, ref.detach())

@@ -89,7 +89,7 @@ def test_tile_constants_agree():
     defs = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", src)}
     assert (defs["CHUNK"], defs["TILE"], defs["PITCH"], defs["NTHREADS"]) == \
         (cuda_grid.CHUNK, cuda_grid.TILE, cuda_grid.PITCH, cuda_grid.NTHREADS)
-    assert (emulate.CHUNK, emulate.TILE) == (defs["CHUNK"], defs["TILE"])
+    assert (defs["CHUNK"], defs["TILE"]) == (emulate.CHUNK, emulate.TILE)
     assert defs["NTHREADS"] == 16 * 16 and defs["CHUNK"] == defs["TILE"] == 4 * 16  # 4 x 4 per thread
     step = dict(re.findall(r"#define (\w+) (\d+)", cuda_build.source("recurrent/recurrent_step.cu")))
     step = {k: int(v) for k, v in step.items()}
@@ -137,12 +137,12 @@ def test_emulated_tiling_matches_reference(bh, n, d, m, cpg):
     value tiles, reverse time and the normaliser, as the kernels walk them."""
     rng = np.random.default_rng(n * d + m)
     q, k, v = _np(bh, n, d, rng=rng), _np(bh, n, d, rng=rng), _np(bh, n, m, rng=rng)
-    t = lambda a: torch.from_numpy(a.copy())  # noqa: E731 (copy: numpy flips have negative strides)
+    t = lambda a: torch.from_numpy(a.copy())  # copy: numpy flips have negative strides
     ref = causal_dot_product_naive(t(q), t(k), t(v)).numpy()
     out, _ = emulate.causal_dot_product(q, k, v, cpg)
     np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
     # reverse time: out_i = sum_{j>=i} (q_i . k_j) v_j
-    flip = lambda a: a[:, ::-1]  # noqa: E731
+    flip = lambda a: a[:, ::-1]
     ref_rev = flip(causal_dot_product_naive(t(flip(q)), t(flip(k)), t(flip(v))).numpy())
     out, _ = emulate.causal_dot_product(q, k, v, cpg, rev=True)
     np.testing.assert_allclose(out, ref_rev, rtol=1e-10, atol=1e-10)
@@ -194,7 +194,7 @@ def test_unforced_the_kernels_run_only_where_the_h100_measured_them_faster(monke
     monkeypatch.delenv("REPRO_KERNEL", raising=False)
     assert switches.current().gpu_verified  # the default: verified on the H100
     gated = "not measured faster"
-    mk = lambda dtype, grad=False: torch.ones(1, 2, 5, 3, dtype=dtype, requires_grad=grad)  # noqa: E731
+    mk = lambda dtype, grad=False: torch.ones(1, 2, 5, 3, dtype=dtype, requires_grad=grad)
     assert gated in product_cuda.unsupported_reason(mk(torch.float32), mk(torch.float32), mk(torch.float32))
     assert gated in product_cuda.unsupported_reason(*(mk(torch.float16),) * 3)
     assert "CUDA tensors only" in product_cuda.unsupported_reason(*(mk(torch.bfloat16),) * 3)
@@ -286,7 +286,7 @@ SHAPES = [(1, 1, 1, 1, 1), (2, 3, 65, 17, 33), (1, 2, 200, 64, 64), (2, 1, 333, 
 
 def _inputs(b, h, n, d, m, dtype, scale=1.0):
     g = torch.Generator(device="cuda").manual_seed(n * 1000 + d * 10 + m)
-    mk = lambda *s: (torch.randn(*s, device="cuda", generator=g) * scale).to(dtype).requires_grad_()  # noqa: E731
+    mk = lambda *s: (torch.randn(*s, device="cuda", generator=g) * scale).to(dtype).requires_grad_()
     return mk(b, h, n, d), mk(b, h, n, d), mk(b, h, n, m)
 
 
@@ -339,7 +339,7 @@ def test_tensor_core_variants_are_the_same(on_cupy, shape):
     buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
     q_off = buf[1:].view(q.shape).copy_(q)  # 2 bytes past alignment: the launcher must not vectorise it
     d, m = shape[3:]
-    takes = lambda x, y: x <= 64 and x % 8 == y % 8 == 0  # noqa: E731  # the staged kernel's (D, M)
+    takes = lambda x, y: x <= 64 and x % 8 == y % 8 == 0  # the staged kernel's (D, M)
     runs = {}
     for bare, vec, staged in ((False, False, False), (True, False, False), (False, True, False), (True, True, False),
                               (False, False, True)):
@@ -391,7 +391,7 @@ def test_fused_normaliser_matches_naive(on_cupy, shape, dtype):
         q.copy_(torch.nn.functional.elu(q) + 1)
         k.copy_(torch.nn.functional.elu(k) + 1)
     assert normalised_cuda.unsupported_reason(q, k, v) is None
-    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)
     _check_against_naive(fused, _linear_reference, (q, k, v), TOL[dtype])
 
 
@@ -404,7 +404,7 @@ def test_second_derivatives_through_the_ops(on_cupy):
     with torch.no_grad():  # positive features, as phi gives
         q.copy_(torch.nn.functional.elu(q) + 1)
         k.copy_(torch.nn.functional.elu(k) + 1)
-    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)  # noqa: E731
+    fused = lambda q, k, v: normalised_cuda.causal_linear_attention(q, k, v, 1e-6)
     for fn, ref_fn in ((causal_dot_product, causal_dot_product_naive), (fused, _linear_reference)):
         g = torch.randn(2, 3, 130, 33, device="cuda")
         penalties = []

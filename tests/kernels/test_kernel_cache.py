@@ -124,7 +124,7 @@ def test_a_truncated_library_is_rebuilt_not_a_sigbus(cache, built):
     """A library cut short used to kill every later process with SIGBUS inside dlopen, without a
     word; now the file is read first, and rebuilt. Run in child processes: the old code's crash."""
     code = "from repro.kernels.causal_product import cpu_native; print(cpu_native.unavailable())"
-    run = lambda: subprocess.run([sys.executable, "-c", code], cwd=REPO, env=os.environ.copy(),  # noqa: E731
+    run = lambda: subprocess.run([sys.executable, "-c", code], cwd=REPO, env=os.environ.copy(),
                                  capture_output=True, text=True, timeout=300)
     first = run()
     assert (first.returncode, first.stdout.strip()) == (0, "None"), first.stderr

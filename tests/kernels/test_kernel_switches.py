@@ -43,9 +43,8 @@ def test_a_bad_switch_is_one_line_naming_it_and_the_valid_ones(monkeypatch, text
     bad = [t.strip().lower() for t in text.split(",") if t.strip().lower().removeprefix("no_") not in switches.NAMES]
     assert "\n" not in msg and repr(bad[0]) in msg and "REPRO_KERNEL_SWITCHES" in msg
     assert all(name in msg for name in switches.NAMES)
-    with pytest.raises(ConfigError, match="'turbo' is not a kernel switch"):
-        with switched(turbo=True):
-            pass
+    with pytest.raises(ConfigError, match="'turbo' is not a kernel switch"), switched(turbo=True):
+        pass
 
 
 def test_the_environment_and_switched_set_what_a_launch_plans(monkeypatch):
@@ -53,7 +52,7 @@ def test_the_environment_and_switched_set_what_a_launch_plans(monkeypatch):
     bytes by default; bare_smem asks only what the bare product uses; staged takes the pipelined
     kernel (not with the normaliser); vec_loads 16-byte loads; tensor_cores off the FMA kernel."""
     q, k, v = _bf16()
-    plan = lambda norm=False: product_cuda.plan(q, k, v, norm, H100_OPTIN)  # noqa: E731
+    plan = lambda norm=False: product_cuda.plan(q, k, v, norm, H100_OPTIN)
     assert plan() == ("tensor_cores", cuda_grid.smem_chunks_tc(64, True), False)
     with switched(bare_smem=True):
         assert plan() == ("tensor_cores", cuda_grid.smem_chunks_tc(64, False), False)

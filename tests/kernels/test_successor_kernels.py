@@ -101,7 +101,7 @@ def test_q_passed_as_k_under_create_graph(kind):
     def second(first):
         return torch.autograd.grad(sum((a * u).sum() for a, u in zip(first, weights)), wrt)
 
-    chunked = lambda *a: op(kind)(*a, chunk_size=4)  # noqa: E731
+    chunked = lambda *a: op(kind)(*a, chunk_size=4)
     without, first, ref = grads(chunked, False), grads(chunked, True), grads(reference(kind), True)
     weights = [torch.randn_like(t) for t in first]
     for name, a, b, r in zip(("q", "v", "extra"), first, without, ref):
@@ -219,7 +219,7 @@ def test_bfloat16_close_to_float32(kind, device):
     xb = [x.detach().to(torch.bfloat16).requires_grad_() for x in xs]
     out, outb = op(kind)(*xs), op(kind)(*xb)
     assert outb.dtype == torch.bfloat16
-    rel = lambda a, b: ((a.float() - b).norm() / b.norm()).item()  # noqa: E731
+    rel = lambda a, b: ((a.float() - b).norm() / b.norm()).item()
     assert rel(outb, out) < 2e-2
     w = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad((outb.float() * w).sum(), xb), torch.autograd.grad((out * w).sum(), xs)):

@@ -262,7 +262,7 @@ def test_the_paper_presets_drop_nothing_from_the_input_as_the_authors(compose_cf
     for preset in ("paper_copy", "paper_mnist"):
         m = compose_cfg(f"experiment={preset}").model
         assert (m.dropout, m.embedding_dropout) == (0.1, 0.0), preset
-    kw = {k: v for k, v in OmegaConf.to_container(compose_cfg("experiment=paper_copy").model).items()}
+    kw = dict(OmegaConf.to_container(compose_cfg("experiment=paper_copy").model))
     kw.update(n_layers=1, d_model=16, n_heads=2, d_ff=16)
     att = instantiate(compose_group("attention", "linear"))
     paper = AutoregressiveTransformer(att, n_tokens=5, **kw)

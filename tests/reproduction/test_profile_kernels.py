@@ -75,7 +75,7 @@ def test_one_call_runs_forward_and_backward_of_the_op():
 
     (q, k, v), up = profile_kernels.inputs(1, 2, 9, 4, 3, torch.float64, torch.device("cpu"), grad=True)
     seen = []
-    op = lambda *x: seen.append(1) or causal_dot_product_naive(*x)  # noqa: E731
+    op = lambda *x: seen.append(1) or causal_dot_product_naive(*x)
     one_call(op, (q, k, v), up, backward=True)()
     one_call(op, (q, k, v), up, backward=False)()
     assert len(seen) == 2

@@ -176,7 +176,7 @@ def test_runs_that_finished_are_kept_and_aggregated_before_the_step_is_done(tmp_
             Job("b", [sys.executable, "-c", "import sys; sys.exit(1)"], rows=runs / "b" / "results.jsonl"),
             Job("c", [sys.executable, "-c", "pass"], rows=runs / "c" / "results.jsonl")]
     seen = []
-    finish = lambda ctx: seen.append(sorted(p.name for p in (ctx.out / "copy" / "runs").iterdir()))  # noqa: E731
+    finish = lambda ctx: seen.append(sorted(p.name for p in (ctx.out / "copy" / "runs").iterdir()))
     monkeypatch.setitem(reproduce_gpu.STEP_DEFS, 5, Step(5, lambda ctx: jobs, finish=finish))
     ctx = Ctx(tmp_path / "out", runs, smoke=True, device="cpu")
     assert not run_step(ctx, 5)

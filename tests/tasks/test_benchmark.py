@@ -113,8 +113,8 @@ def test_summary_slopes_and_crossover():
 @pytest.mark.parametrize("args, message", [
     (["attention=foo"], "error: unknown attention 'foo'; valid: "),
     (["-m", "attention=softmax,nope"], "error: unknown attention 'nope'; valid: "),
-    (["task=nope"], "error: unknown task 'nope'; valid: asr, benchmark, cifar, conformance, copy, kernels, mnist, scorecard, "
-                    "throughput"),
+    (["task=nope"], "error: unknown task 'nope'; valid: asr, benchmark, cifar, conformance, copy, kernels, mnist, "
+                    "scorecard, throughput"),
     (["task.lengths=[0]"], "error: task.lengths must be positive integers; got"),
     (["task.dtype=float8"], "error: unknown dtype 'float8'; valid: float32"),
     (["attention=softmax", "attention.sdpa_backend=fast"], "error: softmax: unknown sdpa_backend 'fast'"),

@@ -205,7 +205,7 @@ def test_training_lowers_bits_per_dim_writes_grids_and_resumes(compose_cfg, tmp_
             and "paper_bits_per_dim" in (tmp_path / "whole" / "table.txt").read_text())
     first = train(compose_cfg, tmp_path / "first", "trainer.max_steps=20")
     rest = train(compose_cfg, tmp_path / "rest", "trainer.max_steps=40", f"trainer.resume={tmp_path / 'first'}")
-    losses = lambda rows: {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}  # noqa: E731
+    losses = lambda rows: {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
     assert losses(first) == {s: v for s, v in losses(whole).items() if s <= 20}
     assert losses(rest) == losses(whole)
     # sampling from the trained checkpoint as a command of its own

@@ -429,7 +429,7 @@ def test_csv_metrics_carry_on_across_a_resume(compose_cfg, tmp_path):
         f.write(",".join(str(v) for v in whole.iloc[4].tolist()).replace("nan", "") + "\n")
     train(compose_cfg, tmp_path / "rest", *csv, "trainer.max_steps=8", f"trainer.resume={tmp_path / 'first'}")
     rest = pd.read_csv(tmp_path / "rest/metrics.csv")
-    train_rows = lambda df: df[df["train/loss"].notna()]  # noqa: E731 (the final row: no train/loss)
+    train_rows = lambda df: df[df["train/loss"].notna()]  # the final row: no train/loss
     assert train_rows(rest).step.tolist() == train_rows(whole).step.tolist() == list(range(1, 9))
     pd.testing.assert_series_equal(train_rows(rest)["train/loss"].reset_index(drop=True),
                                    train_rows(whole)["train/loss"].reset_index(drop=True))
