@@ -39,7 +39,8 @@ def table_of(factory, **kw):
     return check(factory, **{**SIZES, **kw})
 
 
-@pytest.mark.parametrize("name", named_attentions())
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith("lsh") else n  # 13-50 s each
+                                  for n in named_attentions()])
 def test_every_attention_config_conforms(name):
     cfg = compose_group("attention", name)
     table = table_of(instantiate(cfg), length=LENGTH)

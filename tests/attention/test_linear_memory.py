@@ -115,6 +115,7 @@ def test_half_precision_layer_against_float64(causal):
             assert err < 2e-2, f"{dtype}: relative error {err:.3g}"
 
 
+@pytest.mark.slow  # double backward through whole layers: 17-31 s a case
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("attention", ["linear", "performer"])
 def test_second_derivatives_through_the_recomputed_layer(causal, attention):

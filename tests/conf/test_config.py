@@ -166,6 +166,7 @@ def _numeric_keys(cfg):
     return out
 
 
+@pytest.mark.slow  # composes every preset with each bad value: about 25 s
 def test_every_numeric_option_refuses_zero_negative_and_non_finite_values_in_one_line():
     """Every number of every task's config, set to 0, -1, nan and inf: refused before any work
     (repro.cli.validate, which run.py calls before Hydra starts) with one line naming it, except
