@@ -497,6 +497,29 @@ def test_paths_exist(page):
     assert not missing_paths(page), f"{page.name} names what does not exist: {missing_paths(page)}"
 
 
+TEST_PATH = re.compile(r"(?<![\w/])tests/[\w/]+\.py")
+
+
+def missing_test_files(repo: Path = REPO) -> list[str]:
+    """Test files that code comments, configs and pages point a reader to, and that do not exist
+    (the tests moved into folders mirroring the package once: a stale pointer misleads quietly)."""
+    files = [f for pattern in ("repro/**/*.py", "conf/**/*.yaml", "docs/*.md", "README.md") for f in repo.glob(pattern)]
+    return sorted({f"{f.relative_to(repo)}: {m}" for f in files for m in TEST_PATH.findall(f.read_text())
+                   if not (repo / m).exists()})
+
+
+def test_named_test_files_exist():
+    assert not missing_test_files(), missing_test_files()
+
+
+def test_a_comment_naming_a_moved_test_fails(tmp_path):
+    (tmp_path / "repro").mkdir()
+    (tmp_path / "tests" / "training").mkdir(parents=True)
+    (tmp_path / "tests" / "training" / "test_rows.py").write_text("")
+    (tmp_path / "repro" / "rows.py").write_text('"""checked by tests/test_rows.py and tests/training/test_rows.py"""\n')
+    assert missing_test_files(tmp_path) == ["repro/rows.py: tests/test_rows.py"]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_results_tables(page):
     problems = table_problems(page)

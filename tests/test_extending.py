@@ -21,13 +21,13 @@ TOY = Path(__file__).resolve().parent / "extending"
 PAGE = REPO / "docs" / "extending.md"
 # what docs/extending.md says to add, and where (its tables name these paths)
 ADDED = {"mean_attention.py": "repro/attention/mean.py", "mean.yaml": "conf/attention/mean.yaml",
-         "toy_test_mean_attention.py": "tests/test_mean_attention.py", "norms.py": "repro/tasks/norms.py",
+         "toy_test_mean_attention.py": "tests/attention/test_mean_attention.py", "norms.py": "repro/tasks/norms.py",
          "norms_task.yaml": "conf/task/norms.yaml", "norms_section.py": "repro/reproduction/report/norms.py"}
 # docs/extending.md, "Adding a kernel": the example op's files and where they go
 KERNEL_ADDED = {"causal_mean/__init__.py": "repro/kernels/<op>/__init__.py",
                 "causal_mean/reference.py": "repro/kernels/<op>/reference.py",
                 "causal_mean/chunked.py": "repro/kernels/<op>/chunked.py",
-                "toy_test_causal_mean.py": "tests/test_<op>.py"}
+                "toy_test_causal_mean.py": "tests/kernels/test_<op>.py"}
 
 
 def test_the_documented_files_are_the_ones_added():
@@ -57,7 +57,7 @@ def test_an_attention_a_task_and_a_report_table_added_as_documented_run_end_to_e
         assert res.returncode == 0, f"{args}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         return res.stdout
 
-    run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_mean_attention.py")
+    run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/attention/test_mean_attention.py")
     assert "norm" in run("run.py", "task=norms", "attention=mean", "model=tiny")
     run("run.py", "-m", "hydra/launcher=joblib_cpu", "task=norms", "attention=mean,softmax", "model=tiny",
         "task.publish=results/norms")
@@ -132,7 +132,7 @@ def test_a_kernel_added_as_documented_is_checked_against_its_reference(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(clone), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 
     def test_op():
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_causal_mean.py"]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/test_causal_mean.py"]
         return subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True, timeout=300)
 
     res = test_op()

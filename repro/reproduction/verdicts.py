@@ -12,7 +12,7 @@ Where a claim is "a reaches b" (the same loss), the claimed side is "at most `to
 side that is above beyond the interval is contradicted only when its curves have stopped
 falling, judged seed by seed (still_falling: a fitted slope and its standard error over each
 seed's own last evaluations). With fewer seeds a result is shown as a measurement, not judged.
-The rules are pure functions of numbers, tested one outcome at a time (tests/test_claims.py)."""
+The rules are pure functions of numbers, tested one outcome at a time (tests/reproduction/report/test_claims.py)."""
 import math
 from dataclasses import dataclass
 

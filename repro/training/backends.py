@@ -11,7 +11,7 @@ path taken and, for "torch" where a kernel exists for such inputs (kernel_fallba
 taken (the dispatcher's own words: no C compiler, REPRO_KERNEL=torch, ...). The layer's own
 choices are asked in the order the layer asks them (repro.attention.linear: the fused CUDA attention, the fused CPU
 layer, the normalised path's C product, the dispatcher), on stand-in tensors of the real shapes
-that hold no memory (tests/test_backends.py checks the answer against the calls a pass makes).
+that hold no memory (tests/training/test_backends.py checks the answer against the calls a pass makes).
 note_fallback prints, once per run and attention, that a run took the PyTorch path instead.
 """
 import sys

@@ -22,7 +22,7 @@ their steps (repro.training.trainer says where the device is synchronised, and w
 
 Resume: trainer.resume=<run dir or checkpoint file> restores model, optimizer, scheduler,
 step, data stream, every RNG state and the wandb run id; the run then goes on exactly as if never
-stopped (tests/test_training.py checks the next losses are equal). Rows are appended to
+stopped (tests/training/test_training.py checks the next losses are equal). Rows are appended to
 results.jsonl one line at a time (repro.training.rows); the checkpoint records how many there
 were, and a resume starts its results.jsonl with those rows from the checkpoint's run dir, so
 the resumed run dir (a new one, or the same) holds the whole history and nothing after it.

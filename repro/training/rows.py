@@ -34,7 +34,7 @@ class RowLog:
     """results.jsonl of one run: starts as `history` (written atomically; a resume's rows so far,
     or nothing), then each append() adds one line and flushes it to the OS. `len()` counts the
     rows in the file, history included: a checkpoint records it, so a resume keeps exactly the
-    rows that preceded its checkpoint (tests/test_rows.py)."""
+    rows that preceded its checkpoint (tests/training/test_rows.py)."""
 
     def __init__(self, path, history=(), write=True):
         self.path, self.count, self.write = Path(path), len(history), write
