@@ -16,9 +16,12 @@ measurement, not judged. The card says how few seeds it rests on: 3 seeds give a
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from repro.common.results import atomic_write, rows_to_csv, save_figure
 from repro.reproduction import verdicts
-from repro.reproduction.report.format import md_table, num
+from repro.reproduction.report.format import code, command, md_table, num
+from repro.reproduction.report.schema import Table
 
 PARTS = ("conformance", "figure1", "copy", "mnist", "speech", "generation")
 TITLES = {"conformance": "Conformance", "figure1": "Figure 1: time and memory of one layer against N",
@@ -70,7 +73,8 @@ def _group(summary) -> dict:
     """{(measure, cell, unit, lower_is_better, judged): {role: [values in seed order]}}."""
     out = {}
     for m in sorted(summary.get("measures", []), key=lambda m: (m.get("seed") is None, m.get("seed") or 0)):
-        key = (m["measure"], m.get("cell"), m["unit"], m["lower_is_better"], m["judged"])
+        cell = m.get("cell") or (f"N = {m['n']:,}" if m.get("n") is not None else None)  # Figure 1: a point per N
+        key = (m["measure"], cell, m["unit"], m["lower_is_better"], m["judged"])
         out.setdefault(key, {}).setdefault(m["role"], []).append(m["value"])
     return out
 
@@ -83,7 +87,8 @@ def _cell(values) -> str | None:
 
 
 def measure_rows(part: str, summary: dict) -> list[dict]:
-    """One row a measure: each attention's values and, where judged, the verdicts against the references."""
+    """One row a measure (a cell of it: N of the copy task, a point of Figure 1): each attention's values
+    and, where judged, the verdicts against the references."""
     refs, rows = summary.get("references", []), []
     tol = (summary.get("tolerance") or {}).get(part)
     for (measure, cell, unit, lower, judged), by in _group(summary).items():
@@ -224,15 +229,24 @@ def build(card_dir, out_dir=None) -> str:
             section.append("The attention's runs: " + "; ".join(f"`{c}`" for c in commands[:3])
                            + (f"; and {len(commands) - 3} more" if len(commands) > 3 else ""))
         out.append("\n\n".join(x for x in section if x))
-        csv += [{"part": r["part"], "measure": r["measure"], "unit": r["unit"], "role": role,
+        csv += [{"attention": name, "part": r["part"], "measure": r["measure"], "unit": r["unit"], "role": role,
                  "n": len(v), "mean": verdicts.Seeds(tuple(v)).mean if v else None,
                  "sd": verdicts.Seeds(tuple(v)).sd if v else None, "values": json.dumps(v),
-                 **{f"vs_{ref}": " ".join(r[f"vs {ref}"]) if f"vs {ref}" in r else None for ref in refs},
-                 "smoke_test": quick}
+                 "lower_is_better": r["lower_is_better"], "extrapolated": role in r.get("extrapolated", ()),
+                 **{k: v for ref in refs for k, v in zip((f"vs_{ref}", f"vs_{ref}_interval"), r.get(f"vs {ref}")
+                                                         or (None, None))},
+                 "smoke_test": quick, "commit": s.get("commit")}
                 for r in measure_rows(part, s) for role, v in r["values"].items()]
-        csv += [{"part": part, "measure": "status", "role": None, "values": _status(s), "smoke_test": quick}]
+        csv += [{"attention": name, "part": part, "measure": "status", "role": None, "values": _status(s),
+                 "smoke_test": quick, "commit": s.get("commit")}]
     text = "\n\n".join(out) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.resolve() != card_dir.resolve():  # a published card keeps what it was built from: rebuildable there
+        for part in parts:
+            file = f"scorecard_{part}.json"
+            atomic_write(out_dir / file, (card_dir / file).read_text())
+        if _first(parts, "command"):
+            atomic_write(out_dir / "command.txt", _first(parts, "command") + "\n")
     save_figure(figure(parts, quick), out_dir / FIGURE)
     atomic_write(out_dir / TABLE, rows_to_csv(csv))
     atomic_write(out_dir / CARD, text)
@@ -259,11 +273,13 @@ def figure(parts, quick: bool):
                                                  (("peak memory per sample", "kept for backward per sample"),
                                                   "memory per sample (MB); dashed: kept for backward")]):
         for i, role in enumerate(roles):
+            labelled = False  # one legend entry a role, on its first curve
             for measure, style in zip(measures, ("-", "--")):
                 pts = sorted((m["n"], m["value"]) for m in f1.get("measures", [])
                              if m["role"] == role and m["measure"] == measure)
                 if pts:
-                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i}", label=role if style == "-" else None)
+                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i}", label=None if labelled else role)
+                    labelled = True
         ax.set(xscale="log", yscale="log", xlabel="N", ylabel=ylabel)
         if ax.lines:
             ax.legend()
@@ -302,6 +318,91 @@ def main(card_dir, out=None) -> int:
     target = Path(out) if out else Path(card_dir)
     print(f"wrote {target / CARD}, {target / FIGURE}, {target / TABLE}")
     return 0
+
+
+# ----------------------------------------------------------------------------- the report's section
+# "Beyond the paper": the cards results/claims.yaml names under report.scorecards, each a folder a
+# card was published to (python -m repro.report --scorecard <sweep dir> --out results/scorecards/<name>).
+
+TABLES = [Table(TABLE, {"attention": str, "part": str, "measure": str, "role": str, "n": float},
+                {"mean": float, "sd": float})]
+BEYOND = (
+    "The paper's linear attention adds to its state, S_i = S_{i-1} + phi(k_i) v_i^T. Its successors change only "
+    "that update: retention decays S by a fixed gamma per head, gated linear attention by a learned decay per key "
+    "dimension, and the delta rule overwrites what a key held (docs/attention.md). Each went through the scorecard "
+    "(`python run.py -m experiment=scorecard attention=<name>`, docs/extending.md) beside linear and softmax at the "
+    "same commit and settings; no table of the paper has them. Below, each card's measures: a judged one with its "
+    "verdict and Welch's 95 % interval, the others as the ratio of the means; the card's own page has the rest "
+    "(conformance, every Figure 1 point, the runs' commands). Figure 1's rows are its largest N that all three "
+    "reached.")
+
+
+def _largest_common_point(m):
+    """Figure 1's rows at the largest N every role reached (time and bytes kept for backward)."""
+    f1 = m[(m.part == "figure1") & (m.n > 0)]  # a role past its budget at some N has no value there
+    if f1.empty:
+        return f1
+    complete = f1.groupby("measure").role.nunique() == f1.role.nunique()
+    at = {name: int(name.rsplit("N = ", 1)[1].replace(",", "")) for name in complete[complete].index}
+    if not at:
+        return f1.iloc[:0]
+    n = max(at.values())
+    keep = [name for name, v in at.items() if v == n and not name.startswith("peak memory")]
+    return f1[f1.measure.isin(keep)]
+
+
+def _card_table(ctx, folder: Path, df) -> str:
+    name = df.attention.dropna().iloc[0]
+    smoke = bool(df.get("smoke_test", False).astype(str).eq("True").any())
+    status = df[df.measure == "status"]
+    m = df[df.measure != "status"]
+    m = pd.concat([m[m.part != "figure1"], _largest_common_point(m)])
+    refs = [r for r in ("linear", "softmax") if r in set(m.role)]
+    body = []
+    for (part, measure), rows in m.groupby(["part", "measure"], sort=False):
+        by = rows.set_index("role")
+        if SUBJECT not in by.index:
+            continue
+        unit = by.unit.iloc[0]
+        cells = [_mean_cell(by, r) for r in [SUBJECT, *refs]]
+        verdict = []
+        for ref in refs:
+            v, why = by.loc[SUBJECT].get(f"vs_{ref}"), by.loc[SUBJECT].get(f"vs_{ref}_interval")
+            if isinstance(v, str) and v != verdicts.MEASURED:
+                verdict.append(f"**{v}** ({why})")
+            elif ref in by.index and pd.notna(by.loc[ref, "mean"]) and by.loc[ref, "mean"] \
+                    and pd.notna(by.loc[SUBJECT, "mean"]):
+                verdict.append(f"{by.loc[SUBJECT, 'mean'] / by.loc[ref, 'mean']:.3g}x {ref}'s")
+            else:
+                verdict.append(None)
+        body.append([f"{part}: {measure} ({unit})", *cells, *verdict])
+    parts = ", ".join(f"{r.part} {r['values']}" for _, r in status.iterrows())
+    commit = next(iter(df.commit.dropna()), None) if "commit" in df else None
+    head = f"### {name}" + (" (smoke test: one seed, short runs)" if smoke else "")
+    line = (f"The card: [{folder.relative_to(ctx.root).as_posix()}/{CARD}]({ctx.rel(folder / CARD)}), "
+            f"commit `{commit}`, command {code(command(folder, ctx.root))}. Parts: {parts}.")
+    table = md_table(["measure", name, *refs, *[f"vs {r}" for r in refs]], body)
+    fig = f"![{name}: time and memory against N, and the judged measures]({ctx.rel(folder / FIGURE)})"
+    return "\n\n".join([head, line, table, fig])
+
+
+def _mean_cell(by, role) -> str | None:
+    if role not in by.index or pd.isna(by.loc[role, "n"]) or not by.loc[role, "n"]:
+        return None
+    r = by.loc[role]
+    text = num(r["mean"]) if r["n"] == 1 else f"{num(r['mean'])} ± {r['sd']:.2g} ({int(r['n'])} seeds)"
+    return f"{text} (extrapolated)" if str(r.get("extrapolated")) == "True" else text
+
+
+def beyond(ctx) -> str:
+    cards = ctx.named("scorecards", TABLE)
+    if not cards:
+        return ""
+    return "\n\n".join(["## Beyond the paper: linear attention's successors, by scorecard", BEYOND,
+                         *[_card_table(ctx, folder, df) for folder, df in cards]])
+
+
+SECTIONS = [(71, "scorecards", beyond)]
 
 
 try:
