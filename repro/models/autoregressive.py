@@ -71,9 +71,13 @@ class AutoregressiveTransformer(nn.Module):
     def _position(self, i, device):
         """Row i of a table of position encodings, grown by doubling (no length limit). It starts
         long enough for a CIFAR-10 image (3072 values), so a compiled step is not recompiled
-        for a bigger table in the middle of one."""
+        for a bigger table in the middle of one. A position held as a tensor (a CUDA graph's
+        step, repro.models.generate.GraphedSteps) is read on the device from the table as it
+        is: the graph's maker grows it first."""
         table = getattr(self, "_pe", None)
         dtype = self.embed.weight.dtype
+        if isinstance(i, torch.Tensor):
+            return table.index_select(0, i.reshape(1))[0]
         if table is None or table.shape[0] <= i or table.device != device or table.dtype != dtype:
             n = max(4096, 2 * i + 2)
             self._pe = table = sinusoid(torch.arange(n, device=device), self.d_position).to(dtype)

@@ -5,8 +5,12 @@
   rerun      the whole prefix through the parallel forward for every new token: the paper's
              softmax baseline, and the only way for attentions without a recurrent form (LSH)
 
-compile_step puts the recurrent step, and the sampling after it, through torch.compile.
+compile_step puts the recurrent step, and the sampling after it, through torch.compile;
+GraphedSteps replays the whole step (every layer, and the sampling) as one CUDA graph, for a
+state of fixed size (linear attention and its successors).
 """
+import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -98,13 +102,136 @@ class SamplingStep:
     tokens_per_call: int
 
 
+def _leaves(state) -> tuple[list, list]:
+    """(tensors, other values) of a step's state (dataclasses, lists, tuples, dicts), in order."""
+    if isinstance(state, torch.Tensor):
+        return [state], []
+    if dataclasses.is_dataclass(state):
+        parts = [_leaves(getattr(state, f.name)) for f in dataclasses.fields(state)]
+    elif isinstance(state, (list, tuple)):
+        parts = [_leaves(s) for s in state]
+    elif isinstance(state, dict):
+        parts = [_leaves(state[k]) for k in sorted(state)]
+    else:
+        return [], [state]
+    return [t for ts, _ in parts for t in ts], [o for _, os in parts for o in os]
+
+
+def _rebuilt(state, tensors):
+    """The state's structure (fresh containers) holding `tensors` in _leaves order: a step may set
+    fields of the state it is given (retention's S = gamma S + k v^T), never the static one's."""
+    it = iter(tensors)
+
+    def build(s):
+        if isinstance(s, torch.Tensor):
+            return next(it)
+        if dataclasses.is_dataclass(s):
+            out = copy.copy(s)
+            for f in dataclasses.fields(s):
+                setattr(out, f.name, build(getattr(s, f.name)))
+            return out
+        if isinstance(s, (list, tuple)):
+            return type(s)(build(x) for x in s)
+        if isinstance(s, dict):
+            return {k: build(s[k]) for k in sorted(s)}
+        return s
+    return build(state)
+
+
+class GraphedSteps:
+    """One sampled token per call of model.step + sample_fn, replayed as one CUDA graph over
+    static buffers (the tokens in, the state, the tokens out), for a state of fixed size: per-token
+    cost at batch 1 is mostly kernel launches, which a graph issues as one. The position is a
+    tensor on the device (GenerationState.position), so one graph serves every position.
+
+    start(prefix) runs the prefix eagerly (the state is built there), samples the next token and
+    copies the state into the static buffers; each next() then samples one more token (a view of
+    the static output: copy it before the next call). The graph reads the weights as they were at
+    capture: after training, make a new GraphedSteps. A state that changes size or holds Python
+    values that change (a key/value cache's length) cannot be one graph: a ValueError says so.
+    capture=False runs the same static-buffer step without a graph (any device: what the CPU
+    tests check)."""
+
+    def __init__(self, model, sample_fn, capture: bool = True):
+        self.model, self.sample_fn, self.capture = model, sample_fn, capture
+        self.graph = self.state = self.tokens = self.out = None
+
+    def _step(self, tokens, state):
+        y, state = self.model.step(tokens, state)
+        return self.sample_fn(y), state
+
+    def _body(self):
+        out, new = self._step(self.tokens, _rebuilt(self.state, self._static))
+        for old, t in zip(self._static, _leaves(new)[0]):
+            if t is not old:  # a state updated in place (linear's S and Z) needs no copy
+                old.copy_(t)
+        self.tokens.copy_(out)  # the next step's input
+        return out
+
+    def start(self, prefix, length: int):
+        """prefix (B, k) -> the token at position k (B,)."""
+        from repro.models.autoregressive import GenerationState
+
+        self.model._position(length, prefix.device)  # the position table, grown before any capture
+        state = GenerationState(torch.zeros((), dtype=torch.long, device=prefix.device), [])
+        for t in range(prefix.shape[1] - 1):
+            _, state = self.model.step(prefix[:, t], state)
+        out, state = self._step(prefix[:, -1], state)
+        if self.state is None:
+            self._prepare(out, state)
+        elif self.tokens.shape != out.shape:
+            raise ValueError(f"GraphedSteps: made for batch {self.tokens.shape[0]}, given {out.shape[0]}: "
+                             "make one for each batch size")
+        for old, t in zip(self._static, _leaves(state)[0]):
+            old.copy_(t)
+        self.tokens.copy_(out)
+        return out
+
+    def _prepare(self, out, state):
+        """The static buffers, checked to keep their shapes and values over two steps, and the graph."""
+        tensors, others = _leaves(state)
+        rng = torch.random.fork_rng(devices=[out.device] if out.is_cuda else [])
+        with rng:  # the probe and the warm-up draw no random numbers of the generation's
+            _, after = self._step(out.clone(), copy.deepcopy(state))
+        tensors2, others2 = _leaves(after)
+        grown = [f"{tuple(a.shape)} -> {tuple(b.shape)}" for a, b in zip(tensors, tensors2) if a.shape != b.shape]
+        if grown or len(tensors) != len(tensors2) or others != others2:
+            changed = grown or [f"{a!r} -> {b!r}" for a, b in zip(others, others2) if a != b] or ["its structure"]
+            raise ValueError(f"GraphedSteps: the step's state changes from one token to the next ({changed[0]}): "
+                             "one CUDA graph replays only a state of fixed size (linear attention, its successors), "
+                             "not a growing key/value cache")
+        self.state, self.tokens = copy.deepcopy(state), out.clone()
+        self._static = _leaves(self.state)[0]
+        if not self.capture:
+            self.out = None
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.random.fork_rng(devices=[out.device]), torch.cuda.stream(side):
+            for _ in range(2):  # warm-up on a side stream (lazy inits, cuBLAS workspaces)
+                self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self._body()
+
+    def next(self):
+        """The next token (B,), from the token and state of the call before."""
+        if self.graph is None:
+            return self._body()
+        self.graph.replay()
+        return self.out
+
+
 @torch.no_grad()
-def generate(model, prefix, length: int, sample_fn, mode: str = "recurrent", on_step=None):
+def generate(model, prefix, length: int, sample_fn, mode: str = "recurrent", on_step=None, graphed=None):
     """prefix (B, k >= 1) tokens -> (B, length): the prefix, then sampled tokens.
 
     sample_fn maps the model's outputs at one position (B, d_out) to tokens (B,). on_step(t) is
     called after each sampled position t (for progress bars and timing). A model compiled by
-    compile_step with this same sample_fn samples inside its compiled step."""
+    compile_step with this same sample_fn samples inside its compiled step. graphed: a
+    GraphedSteps of this model and sample_fn (recurrent mode), whose graph is made on its first
+    generation and replayed for every token after the prefix's."""
     if mode not in MODES:
         raise ValueError(f"generate: unknown mode {mode!r}; valid: {', '.join(MODES)}")
     b, k = prefix.shape
@@ -112,6 +239,17 @@ def generate(model, prefix, length: int, sample_fn, mode: str = "recurrent", on_
         raise ValueError(f"generate: the prefix must hold 1..length={length} tokens; got {k}")
     seq = prefix.new_empty(b, length)
     seq[:, :k] = prefix
+    if graphed is not None:
+        if mode != "recurrent" or graphed.sample_fn is not sample_fn:
+            raise ValueError("generate: graphed steps run the recurrent mode with their own sample_fn")
+        if k < length:
+            seq[:, k] = graphed.start(prefix, length)
+            for t in range(k, length):
+                if on_step:
+                    on_step(t)
+                if t + 1 < length:
+                    seq[:, t + 1] = graphed.next()
+        return seq
     if mode == "recurrent":
         fast_projections(model)
         sampling = getattr(model, "sampling_step", None)

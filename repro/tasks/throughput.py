@@ -11,7 +11,9 @@ image and integrating.
 
 Two more kinds of row put the numbers in context. A method with `compile: <backend>` samples
 through a torch.compile'd step (compiled before timing, on a short warm-up generation; the
-compile time is its own column). Mode `floor` runs no model: it times the matrix products of
+compile time is its own column); one with `graph: true` (CUDA, a state of fixed size) replays
+the whole step, every layer and the sampling, as one CUDA graph (repro.models.generate.
+GraphedSteps; captured before timing, its time in graph_s). Mode `floor` runs no model: it times the matrix products of
 one step alone (every weight matrix read once, as every generated token must) and multiplies by
 the image's length, the floor under any step at batch 1, where reading the weights from memory
 is the cost.
@@ -42,7 +44,7 @@ from repro.common.errors import ConfigError, building_from_config
 from repro.common.results import atomic_write, check_publish, output_dirs, provenance, rows_to_csv, write_jsonl
 from repro.conf import compose_group, in_multirun, run_dir
 from repro.models import logistic_mixture as dmol
-from repro.models.generate import MODES, StepProjections, compile_step, generate
+from repro.models.generate import MODES, GraphedSteps, StepProjections, compile_step, generate
 from repro.models.pixels import IMAGE_SHAPES, PixelTransformer
 from repro.training.backends import layer_backend, model_attention, note_fallback, step_backend
 from repro.training.loop import compile_backends
@@ -59,7 +61,7 @@ class _OverBudget(Exception):
     pass
 
 
-def time_generation(model, length, batch, mode, budget, device, probes):
+def time_generation(model, length, batch, mode, budget, device, probes, graphed=None):
     """(total seconds, positions measured, extrapolated?, process CPU seconds) for one batch of
     images. CPU time (all this process's threads) barely moves with other processes' load on a
     shared machine, where wall time does; an extrapolated total scales it by the same ratio as
@@ -74,7 +76,7 @@ def time_generation(model, length, batch, mode, budget, device, probes):
 
     watch = timing.Stopwatch(device)
     try:
-        generate(model, first, length, dmol.sample, mode=mode, on_step=on_step)
+        generate(model, first, length, dmol.sample, mode=mode, on_step=on_step, graphed=graphed)
         return stamps[-1], length - 1, False, watch.cpu()
     except _OverBudget:
         cpu = watch.cpu()
@@ -165,7 +167,7 @@ def needed_bytes(model, mode, batch, length) -> float:
     return weights + batch * length * (8 + 2 * d_ff * el)  # the tokens, and one layer's widest activation twice
 
 
-def kernel_fields(model, mode, backend, batch, length, dtype, device) -> dict:
+def kernel_fields(model, mode, backend, batch, length, dtype, device, graph=False) -> dict:
     """The kernel a method's attention runs on (repro.training.backends)."""
     if mode == "floor":
         return {"kernel_backend": "torch", "kernel_backend_why": "matrix products alone (no attention)",
@@ -175,6 +177,8 @@ def kernel_fields(model, mode, backend, batch, length, dtype, device) -> dict:
         fields = step_backend(att, batch, dtype, device)
         if backend:
             fields["kernel_backend_why"] += f"; the step compiled by torch.compile ({backend})"
+        if graph:
+            fields["kernel_backend_why"] += "; the whole step replayed as one CUDA graph"
         return fields
     return layer_backend(att, batch, length, dtype, device, causal=True, grad=False)
 
@@ -202,8 +206,12 @@ def run(cfg) -> float:
                               f"mode is {m.mode!r}")
         if backend and backend not in (valid := compile_backends()):
             raise ConfigError(f"task.methods.{label}.compile={backend!r}; valid: {', '.join(valid)}")
+        graph = bool(m.get("graph", False))
+        if graph and (m.mode != "recurrent" or backend or device.type != "cuda"):
+            raise ConfigError(f"task.methods.{label}.graph=true: a CUDA graph replays an eager recurrent step on "
+                              f"device=cuda; here mode={m.mode}, compile={backend}, device={device.type}")
         methods[label] = (m.attention, m.mode, compose_group("attention", m.attention), m.get("settings") or {},
-                          backend)
+                          backend, graph)
     if not methods:
         raise ConfigError(f"no method to run (task.methods: {list(t.methods)}, task.run_methods: {chosen_labels}); "
                           f"name at least one, e.g. task.run_methods=[linear]")
@@ -216,7 +224,7 @@ def run(cfg) -> float:
                         "seed": cfg.seed} for s, label, b in jobs], RAW_NAME)
     out, meta, rows = run_dir(cfg), provenance(device), []
     for size, label, batch in tqdm(jobs, desc="throughput", unit="run"):
-        att_name, mode, att_cfg, settings, backend = methods[label]
+        att_name, mode, att_cfg, settings, backend, graph = methods[label]
         att_cfg = att_cfg.copy()
         chosen = {key: value[size] if OmegaConf.is_dict(value) else value  # per size: {mnist: 29, ...}
                   for key, value in settings.items()}
@@ -230,7 +238,7 @@ def run(cfg) -> float:
                                      norm_first=cfg.model.norm_first)
         model = model.to(device=device, dtype=dtype).eval()
         length = int(np.prod(IMAGE_SHAPES[size]))
-        kernel = kernel_fields(model, mode, backend, batch, length, dtype, device)
+        kernel = kernel_fields(model, mode, backend, batch, length, dtype, device, graph)
         note_fallback(label, kernel)
         # past the limit: refused before allocating, or an allocation fails inside the cap (an 'oom'
         # row and the next method, never the operating system's OOM killer)
@@ -239,7 +247,7 @@ def run(cfg) -> float:
             if result is None:
                 _warm_up(model, mode, device)
                 with memory_cap(limit, device):
-                    result = _measure(model, mode, backend, t, length, batch, device)
+                    result = _measure(model, mode, backend, t, length, batch, device, graph)
         except (RuntimeError, MemoryError) as err:
             if (reason := out_of_memory(err)) is None:
                 raise
@@ -265,11 +273,17 @@ def _warm_up(model, mode, device):
             generate(model, torch.zeros(1, 1, dtype=torch.long, device=device), 3, dmol.sample, mode=mode)
 
 
-def _measure(model, mode, backend, t, length, batch, device) -> dict:
+def _measure(model, mode, backend, t, length, batch, device, graph=False) -> dict:
     """One method at one size and batch: its row's metrics (status ok or error)."""
+    graphed = None
     try:
         extra = ({"compile": backend, "compile_s": compile_generation(model, backend, length, batch, device)}
                  if backend else {})
+        if graph:  # captured on a short generation, before timing
+            watch, graphed = timing.Stopwatch(device), GraphedSteps(model, dmol.sample)
+            generate(model, torch.zeros(batch, 1, dtype=torch.long, device=device), min(length, 9), dmol.sample,
+                     graphed=graphed)
+            extra.update(graph=True, graph_s=watch.wall())
         load = os.getloadavg()[0]
         if mode == "floor":
             total, measured, extrapolated, cpu, extra["weights_gb_per_s"] = time_floor(model, length, batch, device)
@@ -277,12 +291,16 @@ def _measure(model, mode, backend, t, length, batch, device) -> dict:
             # a compiled step must not recompile (or fall back to eager) while it is timed
             with torch.compiler.set_stance("fail_on_recompile") if backend else contextlib.nullcontext():
                 total, measured, extrapolated, cpu = time_generation(model, length, batch, mode, t.time_budget_s,
-                                                                      device, t.probes)
+                                                                      device, t.probes, graphed)
         return {"status": "ok", **extra, "seconds": total, "seconds_per_image": total / batch,
                 "images_per_s": batch / total, "cpu_seconds_per_image": cpu / batch,
                 "positions_measured": measured, "extrapolated": extrapolated,
                 "loadavg_1min_start": load, "loadavg_1min_end": os.getloadavg()[0]}
     except NotImplementedError as err:  # no recurrent form
+        return {"status": "error", "reason": str(err)}
+    except ValueError as err:  # a state one graph cannot replay (GraphedSteps says why)
+        if graphed is None:
+            raise
         return {"status": "error", "reason": str(err)}
     except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor without a C++ compiler
         cause = getattr(err, "inner_exception", err)
@@ -329,6 +347,8 @@ def aggregate(rows, out_dir, publish: bool = True) -> float:
                     row[f"x floor @{m.batch.min()}"] = f"{b1 / floor.seconds_per_image.iloc[0]:.3g}"
                 if "compile" in m and isinstance(m["compile"].iloc[0], str):
                     row["compile s"] = f"{m.compile_s.max():.3g}"
+                if "graph_s" in m and m.graph_s.notna().any():
+                    row["graph capture s"] = f"{m.graph_s.max():.3g}"
             row["paper CPU s/image @1"] = paper.paper_cpu_seconds_per_image(size, method) or ""
             if "kernel_backend" in m and isinstance(m.kernel_backend.iloc[0], str):
                 row["kernel"] = m.kernel_backend.iloc[0]

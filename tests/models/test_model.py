@@ -204,6 +204,11 @@ def test_throughput_compile_settings_fail_in_one_line(compose_cfg, tmp_path):
         throughput.run(compose_cfg(*base, "+task.methods.softmax.compile=eager"))
     with pytest.raises(ConfigError, match="mode='nope'; valid: recurrent, rerun, floor"):
         throughput.run(compose_cfg(*base, "task.methods.linear.mode=nope"))
+    with pytest.raises(ConfigError, match="linear.graph=true: a CUDA graph replays an eager recurrent step on "
+                                          "device=cuda; here mode=recurrent, compile=None, device=cpu"):
+        throughput.run(compose_cfg(*base, "+task.methods.linear.graph=true"))
+    with pytest.raises(ConfigError, match="softmax.graph=true: .*mode=rerun"):
+        throughput.run(compose_cfg(*base, "+task.methods.softmax.graph=true"))
 
 
 def test_throughput_runs_only_the_methods_a_preset_names(compose_cfg, tmp_path):
