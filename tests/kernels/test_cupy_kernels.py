@@ -82,6 +82,17 @@ def test_nvcc_compiles_every_instance(name, tmp_path):
     assert len(kernels) == len(cuda_build.SOURCES[name]), "an instance was not compiled"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(cuda_build.SOURCES))
+def test_no_kernel_the_suite_launches_spills_on_an_h100(name):
+    """Every instance as the suite builds it (NVRTC, what CuPy launches) for sm_90: no register
+    spills. nvcc, from the same source and launch bounds, spills 16 bytes in the reversed bf16
+    product (docs/kernels.md): that build is not the one that runs."""
+    usage = cuda_build.ptxas_usage(name, "sm_90")
+    assert set(usage) == set(cuda_build.SOURCES[name])
+    assert all(spills == 0 for _, spills in usage.values()), usage
+
+
 def test_tile_constants_agree():
     """The .cu's tile geometry is what the launcher sizes shared memory for and what the
     emulation models."""
