@@ -17,7 +17,7 @@ SDPA_BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
 class KVCache:
     k: torch.Tensor  # (B, H, capacity, D)
     v: torch.Tensor  # (B, H, capacity, M)
-    length: int = 0
+    length: int | torch.Tensor = 0  # a () tensor on the device with static_cache (see attend_step)
 
 
 class SoftmaxAttention(AttentionLayer):
@@ -27,12 +27,17 @@ class SoftmaxAttention(AttentionLayer):
     "math" materialises the (N, N) matrix as the paper's 2020 baseline did.
     attention_dropout: dropout on the attention weights, in training only (SDPA's dropout_p);
     0 by default, 0.1 in the paper presets (the authors' scripts).
+    initial_cache: the cache's slots at the first step, doubled when full.
+    static_cache: the cache never grows (initial_cache slots must hold the whole sequence) and
+    its length is a tensor on the device; each step attends over every slot, those not yet
+    written masked out. Every step then has the same shapes and no Python value that changes:
+    what a CUDA graph of the whole step needs (repro.models.generate.GraphedSteps).
     """
 
     recurrent = True
 
     def __init__(self, d_model, n_heads, d_keys=None, d_values=None, attention_dropout: float = 0.0,
-                 sdpa_backend: str | None = None, initial_cache: int = 64):
+                 sdpa_backend: str | None = None, initial_cache: int = 64, static_cache: bool = False):
         super().__init__(d_model, n_heads, d_keys, d_values)
         if sdpa_backend is not None and sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"softmax: unknown sdpa_backend {sdpa_backend!r}; valid: null, {', '.join(SDPA_BACKENDS)}")
@@ -40,7 +45,7 @@ class SoftmaxAttention(AttentionLayer):
             raise ValueError(f"softmax: attention_dropout must be in [0, 1); got {attention_dropout}")
         self.attention_dropout = attention_dropout
         self.sdpa_backend = sdpa_backend
-        self.initial_cache = initial_cache
+        self.initial_cache, self.static_cache = initial_cache, bool(static_cache)
 
     def _kernel(self):
         return sdpa_kernel(SDPA_BACKENDS[self.sdpa_backend]) if self.sdpa_backend else nullcontext()
@@ -58,6 +63,8 @@ class SoftmaxAttention(AttentionLayer):
                                                   is_causal=causal and mask is None)
 
     def attend_step(self, q, k, v, state: KVCache | None):
+        if self.static_cache:
+            return self._static_step(q, k, v, state)
         if state is None:
             b, h = q.shape[:2]
             state = KVCache(k.new_empty(b, h, self.initial_cache, k.shape[-1]),
@@ -73,4 +80,26 @@ class SoftmaxAttention(AttentionLayer):
         state.length = n = n + 1
         with self._kernel():
             y = F.scaled_dot_product_attention(q[:, :, None], state.k.narrow(2, 0, n), state.v.narrow(2, 0, n))
+        return y[:, :, 0], state
+
+    def _static_step(self, q, k, v, state: KVCache | None):
+        """The step on a cache of initial_cache slots that never grows, its length on the device:
+        the new key and value go to slot `length`, and the query attends over every slot with
+        those past it masked (their contents never reach the output)."""
+        if state is None:
+            b, h = q.shape[:2]
+            state = KVCache(k.new_zeros(b, h, self.initial_cache, k.shape[-1]),
+                            v.new_zeros(b, h, self.initial_cache, v.shape[-1]),
+                            torch.zeros((), dtype=torch.long, device=q.device))
+        capacity = state.k.shape[2]
+        if not (q.is_cuda and torch.cuda.is_current_stream_capturing()) and int(state.length) >= capacity:
+            raise ValueError(f"softmax: static_cache holds initial_cache={capacity} tokens and this sequence is "
+                             f"longer: set initial_cache to the sequence's length")
+        n = state.length.reshape(1)
+        state.k.index_copy_(2, n, k[:, :, None])
+        state.v.index_copy_(2, n, v[:, :, None])
+        seen = torch.arange(capacity, device=q.device) <= n  # (capacity,): slots written so far
+        with self._kernel():
+            y = F.scaled_dot_product_attention(q[:, :, None], state.k, state.v, attn_mask=seen[None])  # (1, cap.)
+        state.length = state.length + 1
         return y[:, :, 0], state

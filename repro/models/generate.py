@@ -7,7 +7,7 @@
 
 compile_step puts the recurrent step, and the sampling after it, through torch.compile;
 GraphedSteps replays the whole step (every layer, and the sampling) as one CUDA graph, for a
-state of fixed size (linear attention and its successors).
+state of fixed size (linear attention and its successors; softmax's cache with static_cache).
 """
 import copy
 import dataclasses
@@ -198,8 +198,8 @@ class GraphedSteps:
         if grown or len(tensors) != len(tensors2) or others != others2:
             changed = grown or [f"{a!r} -> {b!r}" for a, b in zip(others, others2) if a != b] or ["its structure"]
             raise ValueError(f"GraphedSteps: the step's state changes from one token to the next ({changed[0]}): "
-                             "one CUDA graph replays only a state of fixed size (linear attention, its successors), "
-                             "not a growing key/value cache")
+                             "one CUDA graph replays only a state of fixed size (linear attention, its successors, "
+                             "softmax with static_cache=true), not a growing key/value cache")
         self.state, self.tokens = copy.deepcopy(state), out.clone()
         self._static = _leaves(self.state)[0]
         if not self.capture:

@@ -39,6 +39,28 @@ def test_static_steps_sample_what_eager_steps_sample(name):
     assert isinstance(graphed.state.position, torch.Tensor) and int(graphed.state.position) == 28
 
 
+def test_a_static_cache_steps_as_the_growing_one_and_replays_as_one_graph():
+    """softmax with static_cache: the same tokens as the growing cache (greedy, float64), the same
+    draws through the static-buffer step, and a sequence past its slots refused in one line."""
+    model = _model("softmax")
+    prefix = torch.randint(0, 13, (3, 2))
+
+    def greedy(y):
+        return y.argmax(-1)
+
+    growing = generate(model, prefix, 40, greedy)
+    for layer in model.encoder.layers:
+        layer.attention.static_cache, layer.attention.initial_cache = True, 40
+    assert torch.equal(generate(model, prefix, 40, greedy), growing)
+    graphed = GraphedSteps(model, sampled, capture=False)
+    torch.manual_seed(0)
+    eager = generate(model, prefix, 40, sampled)
+    torch.manual_seed(0)
+    assert torch.equal(generate(model, prefix, 40, sampled, graphed=graphed), eager)
+    with pytest.raises(ValueError, match="static_cache holds initial_cache=40 tokens and this sequence is longer"):
+        generate(model, prefix, 42, greedy)  # feeds 41 tokens
+
+
 def test_the_position_as_a_tensor_reads_the_same_row():
     model = _model("linear")
     model._position(100, "cpu")
@@ -59,9 +81,11 @@ def test_a_growing_cache_and_a_wrong_batch_are_refused_in_one_line():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (a CUDA graph)")
-@pytest.mark.parametrize("name", ["linear", "gla"])
+@pytest.mark.parametrize("name", ["linear", "gla", "softmax"])
 def test_a_captured_graph_replays_the_eager_steps(name):
     model = _model(name, "cuda", torch.float32)
+    for layer in model.encoder.layers if name == "softmax" else ():  # the cache that one graph can replay
+        layer.attention.static_cache, layer.attention.initial_cache = True, 200
 
     def greedy(y):  # deterministic: a graph's random draws need not match eager ones
         return y.argmax(-1)
