@@ -34,6 +34,8 @@ CLAIMS = {
     "copy": "Figure 2: linear reaches softmax's copy loss, LSH-4 ends above both (copy_rows.jsonl)",
     "copy_sweep": "Figure 2 at N = 128: linear against width, per-head state and budget (a folder of cells, each "
                   "a folder with copy_rows.jsonl)",
+    "copy_authors": "Figure 2 at N = 128: the authors' copy script beside ours at the judged run's settings "
+                    "(fidelity_runs.csv)",
     "mnist": "Tables 1 and 2: the MNIST bits/dim order, and linear below softmax at equal time (image_rows.jsonl)",
     "asr": "Table 3: linear's speed-up per epoch (asr_table.csv, asr_rows.jsonl)",
     "batch": "linear's lead over the key/value cache against the batch (throughput.csv)",

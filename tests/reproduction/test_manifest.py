@@ -94,7 +94,8 @@ def _with(**change) -> dict:
 
 @pytest.mark.parametrize("change, expect", [
     ({"claims.copy": "copy/nope"}, "claims.copy: no folder copy/nope under "),
-    ({"claims.speed": "copy/a"}, "claims.speed: no such claim; valid: figure1, copy, copy_sweep, mnist, asr, batch,"),
+    ({"claims.speed": "copy/a"}, "claims.speed: no such claim; valid: figure1, copy, copy_sweep, copy_authors, "
+                                 "mnist, asr, batch,"),
     ({"report.figure3": ["copy/a"]}, "report.figure3: no such section; valid: "),
     ({"report.figure2": ["copy/a", "copy/nope"]}, "report.figure2[1]: no folder copy/nope under "),
     ({"report.figure2": "copy/a"}, "report.figure2: 'copy/a': a list of folders is needed"),

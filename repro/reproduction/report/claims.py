@@ -181,6 +181,11 @@ def copy_claims(results: Path, folder: str | None) -> list[Claim]:
     return out
 
 
+FIDELITY_RUNS = Table("fidelity_runs.csv", {"task": str, "attention": str, "side": str, "variant": str,
+                                             "metric": float, "status": str, "copy_n": float, "n_layers": float,
+                                             "n_heads": float, "d_query": float, "steps": float},
+                      {"not_matched": str})
+OURS_VARIANT = "embedding dropout 0"  # ours as the authors' scripts have it (docs/presets.md)
 SWEEP_CLAIM = "Figure 2 at N = 128: what closes linear's gap to softmax, width, per-head state or budget?"
 SWEEP_CELL = ("d_model", "n_heads", "n_layers", "d_ff", "max_steps")
 
@@ -195,11 +200,57 @@ def _cell_text(c: dict) -> str:
             f"layers, {c.get('max_steps', 0):,} updates")
 
 
-def copy_sweep_claim(results: Path, folder: str | None, baseline: str | None) -> Claim:
+def authors_copy(results: Path, folder: str | None) -> tuple[str, str]:
+    """(what the runs show, what it says of the claim): the authors' copy script at the judged run's
+    settings beside ours on their architecture (fidelity_runs.csv of repro.reproduction.fidelity):
+    does their linear stay above their softmax as ours does? ("", "") where the manifest names none."""
+    if folder is None:
+        return "", ""
+    path = results / folder / FIDELITY_RUNS.name
+    if not path.is_file():
+        return f"the authors' script: no {path.name} in `{folder}`", ""
+    df = read_table(path, results, FIDELITY_RUNS)
+    df = df[(df.task == "copy") & (df.status == "ok")]
+    first = df.iloc[0] if len(df) else None
+    if first is None:
+        return f"the authors' script: no finished run in `{folder}`", ""
+
+    def seeds(side, attention):
+        rows = df[(df.side == side) & (df.attention == attention)
+                  & (df.variant == ("script" if side == "authors" else OURS_VARIANT))]
+        return Seeds(tuple(float(v) for v in rows.metric)) if len(rows) else None
+
+    size = (f"N = {int(first.copy_n)}, {int(first.n_layers)} layers, {int(first.n_heads)} x {int(first.d_query)}, "
+            f"{int(first.steps):,} updates")
+    parts, said = [], ""
+    for side, who in (("authors", "their script"), ("ours", f"ours on their architecture ({OURS_VARIANT})")):
+        lin, soft = seeds(side, "linear"), seeds(side, "softmax")
+        if lin is None or soft is None:
+            continue
+        text = f"{who}: linear {lin.text('{:#.2g}').replace('seeds', 'runs')}, softmax " \
+               f"{soft.text('{:#.2g}').replace('seeds', 'runs')}"
+        if min(lin.n, soft.n) >= 2:
+            g = welch(lin, soft)
+            text += f", linear {g.diff:#.2g} above (95 % CI [{g.lo:#.2g}, {g.hi:#.2g}])"
+            if side == "authors":
+                said = ("the authors' script shows the same gap: its linear stays above its softmax beyond the "
+                        f"tolerance at {size}" if g.lo > COPY_LOSS_TOL else
+                        f"the authors' script brings linear to softmax's loss at {size}" if g.hi <= COPY_LOSS_TOL
+                        else f"the authors' script leaves the gap undecided at {size}")
+        parts.append(text)
+    differs = sorted({str(v) for v in df.get("not_matched", pd.Series(dtype=str)).dropna() if str(v) != "none"})
+    here = (f"the authors' copy script beside ours at {size}: " + "; ".join(parts)
+            + (f" (not matched: {'; '.join(differs)})" if differs else "") + f" (`{folder}`)")
+    return here, said
+
+
+def copy_sweep_claim(results: Path, folder: str | None, baseline: str | None,
+                     fidelity: str | None = None) -> Claim:
     """Measurements, not a verdict: linear's held-out copy loss at N = 128 in each cell of the sweep
     (each a subfolder: one change of width, heads or updates from the judged run), beside softmax at
-    the same width (the cell's own, else the judged run's) and the judged run's linear. The words
-    say what the cells show: which change brings linear to softmax's loss, if any."""
+    the same width (the cell's own, else the judged run's) and the judged run's linear, and the
+    authors' script at the judged run's settings (authors_copy). The words say what the cells show:
+    which change brings linear to softmax's loss, if any."""
     paper_text = f"the paper's model: {paper.FIGURE2_SETUP}"
     if folder is None or not (results / folder).is_dir():
         return _missing(SWEEP_CLAIM, paper_text, folder)
@@ -247,8 +298,11 @@ def copy_sweep_claim(results: Path, folder: str | None, baseline: str | None) ->
     said = "; ".join(f"{k}: {', '.join(v)}" for k, v in changes.items() if v)
     verdict = (f"{MEASURED}: linear reaches softmax's loss (within {COPY_LOSS_TOL:g}) at " + "; ".join(reached)
                if reached else f"{MEASURED}: no cell brings linear to softmax's loss (within {COPY_LOSS_TOL:g})")
-    return Claim(SWEEP_CLAIM, paper_text, "; ".join(parts) + f"; the cells in (`{folder}`)",
-                 f"{verdict}; linear's loss from {b_lin:#.2g} at {_cell_text(b_cell)}, by the change made: {said}")
+    theirs, theirs_said = authors_copy(results, fidelity)
+    return Claim(SWEEP_CLAIM, paper_text, "; ".join(parts) + f"; the cells in (`{folder}`)"
+                 + (f"; {theirs}" if theirs else ""),
+                 f"{verdict}; linear's loss from {b_lin:#.2g} at {_cell_text(b_cell)}, by the change made: {said}"
+                 + (f"; {theirs_said}" if theirs_said else ""))
 
 
 def _order_verdict(seeds: dict[str, Seeds], order: list[str]) -> tuple[str, str]:
@@ -516,7 +570,7 @@ def claims(results_dir: Path, manifest: Manifest | None = None) -> list[Claim]:
     named = (manifest or manifests.load(results_dir)).claim
     return [figure1_claim(results_dir, named("figure1")),
             *_unjudged(copy_claims, results_dir, named("copy"), COPY_CLAIMS),
-            copy_sweep_claim(results_dir, named("copy_sweep"), named("copy")),
+            copy_sweep_claim(results_dir, named("copy_sweep"), named("copy"), named("copy_authors")),
             *_unjudged(mnist_claims, results_dir, named("mnist"), MNIST_CLAIMS),
             asr_claim(results_dir, named("asr")), batch_claim(results_dir, named("batch")),
             *gpu_claims(results_dir, named("gpu_generation"), named("gpu_mnist"), named("batch")), *untestable()]

@@ -333,6 +333,47 @@ def test_the_sweep_row_says_which_change_brings_linear_to_softmax(tmp_path):
     assert claims.claims(tmp_path)[3].verdict.startswith(f"{MEASURED}: no cell brings linear to softmax's loss")
 
 
+def _fidelity_rows(folder, runs, **setup):
+    """fidelity_runs.csv of a copy comparison: {(side, variant, attention): [loss per run]}."""
+    base = {"task": "copy", "metric_name": "held-out loss", "copy_n": 128, "n_layers": 2, "n_heads": 4,
+            "d_query": 16, "steps": 4000, "status": "ok", "not_matched": "d_ff: theirs 256, ours 128"}
+    rows = [{**base, **setup, "side": side, "variant": variant, "attention": a, "seed": seed, "metric": v}
+            for (side, variant, a), values in runs.items() for seed, v in enumerate(values)]
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(folder / "fidelity_runs.csv", index=False)
+
+
+def test_the_sweep_row_sets_the_authors_script_beside_ours(tmp_path):
+    """The authors' copy script at the judged run's settings: their linear against their softmax
+    with Welch's interval (scipy's), ours on their architecture beside it (the embedding-dropout-0
+    variant only), the setting that differs named; the verdict says whether their script shows
+    the same gap. A failed run is left out."""
+    _write(tmp_path, linear_copy_loss=0.3)
+    _cell(tmp_path / "copy/sweep/wide", {"linear": [0.02, 0.03, 0.025]}, d_model=256, n_heads=8, d_ff=1024)
+    theirs_lin, theirs_soft = [0.30, 0.28, 0.33], [0.004, 0.005, 0.003]
+    _fidelity_rows(tmp_path / "fidelity/copy_n128", {
+        ("authors", "script", "linear"): theirs_lin, ("authors", "script", "softmax"): theirs_soft,
+        ("ours", "embedding dropout 0", "linear"): [0.11, 0.2, 0.15],
+        ("ours", "embedding dropout 0", "softmax"): [0.003, 0.002, 0.004],
+        ("ours", "embedding dropout 0.1", "linear"): [0.9, 0.9, 0.9]})
+    with open(tmp_path / "fidelity/copy_n128/fidelity_runs.csv", "a") as f:  # a failed run: not a result
+        f.write("copy,held-out loss,128,2,4,16,4000,timeout,none,authors,script,linear,3,\n")
+    (tmp_path / "fidelity/copy_n128/command.txt").write_text("python -m repro.reproduction.fidelity --task copy\n")
+    write_manifest(tmp_path, claims={**CLAIMS, "copy_sweep": "copy/sweep", "copy_authors": "fidelity/copy_n128"})
+    row = claims.claims(tmp_path)[3]
+    ci = scipy_stats.ttest_ind(theirs_lin, theirs_soft, equal_var=False).confidence_interval(0.95)
+    assert ("the authors' copy script beside ours at N = 128, 2 layers, 4 x 16, 4,000 updates: their script: "
+            "linear 0.30 ± 0.025 (3 runs), softmax 0.0040 ± 0.0010 (3 runs), linear 0.30 above "
+            f"(95 % CI [{ci.low:#.2g}, {ci.high:#.2g}])") in row.here
+    assert "ours on their architecture (embedding dropout 0): linear 0.15 ± 0.045 (3 runs)" in row.here
+    assert "not matched: d_ff: theirs 256, ours 128" in row.here and "(`fidelity/copy_n128`)" in row.here
+    assert row.verdict.endswith("the authors' script shows the same gap: its linear stays above its softmax "
+                                "beyond the tolerance at N = 128, 2 layers, 4 x 16, 4,000 updates")
+    _fidelity_rows(tmp_path / "fidelity/copy_n128", {("authors", "script", "linear"): [0.004, 0.006, 0.005],
+                                                     ("authors", "script", "softmax"): theirs_soft})
+    assert "the authors' script brings linear to softmax's loss" in claims.claims(tmp_path)[3].verdict
+
+
 def test_mnist_ties_inside_the_seeds_spread_are_undecided(tmp_path):
     """Seeds 0.05 apart and levels 0.02 apart: every interval includes 0, so the order is
     undecided at this scale, with the smallest gap the runs could have detected."""
