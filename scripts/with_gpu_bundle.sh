@@ -8,7 +8,7 @@
 # When $OUT is set (a folder a remote node returns, which may take only a few files), the
 # command's whole output goes to $OUT/command.log, and afterwards, whatever its exit status,
 # everything under results/gpu/ and outputs/gpu-smoke/results/ is packed into $OUT as one
-# archive (gpu_results.tar.gz, or its .partNN files past 15 MiB; no checkpoints). Unpack it
+# archive (gpu_results.tar.gz, or its .partNN files past 15 MiB; of checkpoints only a cut run's). Unpack it
 # into the checkout here with: python -m repro.reproduce_gpu --unpack <the files>
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)

@@ -146,9 +146,12 @@ class GraphedSteps:
 
     start(prefix) runs the prefix eagerly (the state is built there), samples the next token and
     copies the state into the static buffers; each next() then samples one more token (a view of
-    the static output: copy it before the next call). The graph reads the weights as they were at
-    capture: after training, make a new GraphedSteps. A state that changes size or holds Python
-    values that change (a key/value cache's length) cannot be one graph: a ValueError says so.
+    the static output: copy it before the next call). The graph reads tensors by the address they
+    had at capture, and holds the ones it does not own (the position table, the fused q/k/v
+    weights); a later start() whose weights or table were rebuilt (training, .to(), a longer
+    sequence) is a ValueError: make a new GraphedSteps. A state that changes size or holds Python
+    values that change (a key/value cache's length) cannot be one graph: a ValueError says so,
+    as for a static cache too small for the sequence.
     capture=False runs the same static-buffer step without a graph (any device: what the CPU
     tests check)."""
 
@@ -168,15 +171,30 @@ class GraphedSteps:
         self.tokens.copy_(out)  # the next step's input
         return out
 
+    def _inputs_read(self) -> list:
+        """What the graph reads but does not own: the position table and each layer's fused q/k/v
+        weights (rebuilt, and the old freed, when the parameters change)."""
+        return [getattr(self.model, "_pe", None)] + [layer.step_projections._wb
+                                                     for layer in recurrent_layers(self.model)]
+
     def start(self, prefix, length: int):
         """prefix (B, k) -> the token at position k (B,)."""
         from repro.models.autoregressive import GenerationState
 
+        for layer in recurrent_layers(self.model):  # a static cache is written at slots 0..length - 2
+            attention = getattr(layer, "attention", layer)
+            if getattr(attention, "static_cache", False) and length - 1 > attention.initial_cache:
+                raise ValueError(f"GraphedSteps: a static cache of initial_cache={attention.initial_cache} slots "
+                                 f"cannot take {length - 1} tokens: set initial_cache to the sequence's length")
+        fast_projections(self.model)
         self.model._position(length, prefix.device)  # the position table, grown before any capture
         state = GenerationState(torch.zeros((), dtype=torch.long, device=prefix.device), [])
         for t in range(prefix.shape[1] - 1):
             _, state = self.model.step(prefix[:, t], state)
-        out, state = self._step(prefix[:, -1], state)
+        out, state = self._step(prefix[:, -1], state)  # (rebuilds the fused weights if the parameters changed)
+        if self.graph is not None and any(a is not b for a, b in zip(self._read, self._inputs_read())):
+            raise ValueError("GraphedSteps: the weights or the position table changed since the graph was "
+                             "captured (training, .to(), a longer sequence): make a new GraphedSteps")
         if self.state is None:
             self._prepare(out, state)
         elif self.tokens.shape != out.shape:
@@ -190,9 +208,10 @@ class GraphedSteps:
     def _prepare(self, out, state):
         """The static buffers, checked to keep their shapes and values over two steps, and the graph."""
         tensors, others = _leaves(state)
+        static = copy.deepcopy(state)  # the probe steps the copy that becomes the static state: no third copy
         rng = torch.random.fork_rng(devices=[out.device] if out.is_cuda else [])
         with rng:  # the probe and the warm-up draw no random numbers of the generation's
-            _, after = self._step(out.clone(), copy.deepcopy(state))
+            _, after = self._step(out.clone(), static)
         tensors2, others2 = _leaves(after)
         grown = [f"{tuple(a.shape)} -> {tuple(b.shape)}" for a, b in zip(tensors, tensors2) if a.shape != b.shape]
         if grown or len(tensors) != len(tensors2) or others != others2:
@@ -200,20 +219,25 @@ class GraphedSteps:
             raise ValueError(f"GraphedSteps: the step's state changes from one token to the next ({changed[0]}): "
                              "one CUDA graph replays only a state of fixed size (linear attention, its successors, "
                              "softmax with static_cache=true), not a growing key/value cache")
-        self.state, self.tokens = copy.deepcopy(state), out.clone()
-        self._static = _leaves(self.state)[0]
-        if not self.capture:
-            self.out = None
-            return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.random.fork_rng(devices=[out.device]), torch.cuda.stream(side):
-            for _ in range(2):  # warm-up on a side stream (lazy inits, cuBLAS workspaces)
-                self._body()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self._body()
+        del after, tensors2
+        self.tokens, self._static = out.clone(), _leaves(static)[0]
+        if self.capture:
+            self.state = static  # (for _body; unset again if the capture fails)
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.random.fork_rng(devices=[out.device]), torch.cuda.stream(side):
+                    for _ in range(2):  # warm-up on a side stream (lazy inits, cuBLAS workspaces)
+                        self._body()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.out = self._body()
+            except BaseException:
+                self.state = self.tokens = None
+                raise
+            self.graph, self._read = graph, self._inputs_read()  # held: the graph reads them by address
+        self.state = static
 
     def next(self):
         """The next token (B,), from the token and state of the call before."""

@@ -6,6 +6,7 @@ command resumes it on whatever node runs it."""
 import io
 import json
 import re
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -83,4 +84,18 @@ def unpack(files, into=REPO) -> list[str]:
                                  "nor a cut run's checkpoint or rows")
             names.append(m.name)
         tar.extractall(into, filter="data")
+    forget_finished(into, names)
     return names
+
+
+def forget_finished(into, names):
+    """The local folders of cut runs that have since finished elsewhere (their job file, just
+    unpacked, says ok): their rows are in the results now, and their checkpoints need not travel
+    again."""
+    into = Path(into)
+    for name in names:
+        m = re.fullmatch(r"results/gpu/([^/]+)/([^/]+)/jobs/([^/]+)\.json", name)
+        if m and json.loads((into / name).read_text()).get("status") == "ok":
+            run = into / "outputs" / "gpu" / m[1] / m[2] / m[3]
+            if (run / "checkpoints" / "last.pt").is_file():
+                shutil.rmtree(run)

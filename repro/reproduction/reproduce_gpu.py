@@ -11,7 +11,8 @@
                 authors' CUDA kernel, fla's chunk kernel and SDPA (% of the bandwidth floor)
   3 figure1     Figure 1 at the paper's grid, N = 2^9 .. 2^16: softmax, softmax-math, linear, lsh-1/4/8
   4 generation  seconds per image at batch 1 and images/s at batch 256 (Tables 1, 2, 4, 5 GPU
-                columns): linear, stateful softmax, softmax, lsh-1
+                columns): linear, stateful softmax, softmax, lsh-1; and at batch 1 linear and the
+                cache with the whole step as one CUDA graph (generation_graphed/)
   5 copy        the copy task at the paper's settings (experiment=paper_copy, 10,000 updates):
                 softmax and linear seed by seed, then lsh-4 and the delta rule, seeds 0-2
                 (--copy-attentions, --copy-seeds); one run a job, cut at --copy-wall-s and resumed
@@ -164,14 +165,20 @@ def run_step(ctx, number, force=False, deadline=None):
     deadline (time.monotonic()), a job is not started with less than MIN_JOB_S left."""
     name, d = STEPS[number], ctx.out / STEPS[number]
     marker = d / "status.json"
-    if marker.is_file() and json.loads(marker.read_text()).get("status") == "done" and not force:
+    spec = STEP_DEFS[number]
+    jobs = spec.jobs(ctx)
+
+    def finished(job):
+        jm = d / "jobs" / f"{job.name}.json"
+        return job.skip or (jm.is_file() and json.loads(jm.read_text()).get("status") == "ok")
+    # done earlier, and no job added since (a new method, --copy-seeds): nothing to run
+    if marker.is_file() and json.loads(marker.read_text()).get("status") == "done" and not force \
+            and all(finished(j) for j in jobs):
         print(f"[{number} {name}] done earlier ({marker}); --force redoes it")
         return True
-    spec = STEP_DEFS[number]
     d.mkdir(parents=True, exist_ok=True)
     if spec.before:
         spec.before(ctx)
-    jobs = spec.jobs(ctx)
     commands = "".join(shown(j.argv) + "\n" for j in jobs if not j.skip)
     # written again once the jobs have run: a job publishing into d writes its own command.txt (its one command)
     atomic_write(d / "command.txt", commands)

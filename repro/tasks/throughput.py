@@ -302,6 +302,10 @@ def _measure(model, mode, backend, t, length, batch, device, graph=False) -> dic
         if graphed is None:
             raise
         return {"status": "error", "reason": str(err)}
+    except RuntimeError as err:  # a step CUDA cannot capture: this method's row, not the whole run
+        if graphed is None or out_of_memory(err) is not None:
+            raise
+        return {"status": "error", "reason": f"graph=true: {type(err).__name__}: {err}".splitlines()[0]}
     except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor without a C++ compiler
         cause = getattr(err, "inner_exception", err)
         if (reason := out_of_memory(cause)) is not None:

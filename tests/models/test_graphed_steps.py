@@ -59,6 +59,8 @@ def test_a_static_cache_steps_as_the_growing_one_and_replays_as_one_graph():
     assert torch.equal(generate(model, prefix, 40, sampled, graphed=graphed), eager)
     with pytest.raises(ValueError, match="static_cache holds initial_cache=40 tokens and this sequence is longer"):
         generate(model, prefix, 42, greedy)  # feeds 41 tokens
+    with pytest.raises(ValueError, match="a static cache of initial_cache=40 slots cannot take 41 tokens"):
+        generate(model, prefix, 42, sampled, graphed=graphed)  # refused before any replay
 
 
 def test_the_position_as_a_tensor_reads_the_same_row():
@@ -95,6 +97,10 @@ def test_a_captured_graph_replays_the_eager_steps(name):
     for _ in range(2):
         assert torch.equal(generate(model, prefix, 200, greedy, graphed=graphed), generate(model, prefix, 200, greedy))
     assert graphed.graph is not None
+    with torch.no_grad():  # a weight changed after capture: the fused q/k/v copy the graph reads is stale
+        model.encoder.layers[0].attention.q_proj.weight.add_(1.0)
+    with pytest.raises(ValueError, match="changed since the graph was captured"):
+        generate(model, prefix, 200, greedy, graphed=graphed)
 
 
 def test_throughput_times_a_graphed_method_and_names_what_it_cannot_replay(monkeypatch, compose_cfg):
@@ -114,5 +120,13 @@ def test_throughput_times_a_graphed_method_and_names_what_it_cannot_replay(monke
             assert row["status"] == "ok" and row["graph"] and row["graph_s"] > 0 and row["positions_measured"] == 39
         else:
             assert row["status"] == "error" and "not a growing key/value cache" in row["reason"]
+    class Uncapturable(gen.GraphedSteps):
+        def start(self, prefix, length):
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(throughput, "GraphedSteps", Uncapturable)
+    row = throughput._measure(model, "recurrent", None, cfg.task, 40, 2, torch.device("cpu"), graph=True)
+    assert row == {"status": "error", "reason": "graph=true: RuntimeError: operation not permitted when stream is "
+                                                "capturing"}
     fields = throughput.kernel_fields(model, "recurrent", None, 2, 40, torch.float32, torch.device("cpu"), graph=True)
     assert fields["kernel_backend_why"].endswith("; the whole step replayed as one CUDA graph")

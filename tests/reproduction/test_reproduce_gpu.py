@@ -344,7 +344,8 @@ def test_the_copy_step_runs_pairs_first_then_the_others():
     assert "attention=lsh-4" in jobs[7].argv and "seed=1" in jobs[7].argv and "experiment=paper_copy" in jobs[7].argv
     assert f"hydra.run.dir={Path('r/copy/lsh-4-seed1')}" in jobs[7].argv
     one = Ctx(Path("o"), Path("r"), smoke=False, device="cuda", copy_attentions=("linear", "delta"), copy_seeds=(4,))
-    assert [(j.name, "seed=4" in j.argv) for j in gpu_steps.copy_jobs(one)] == [("linear", True), ("delta", True)]
+    assert [(j.name, "seed=4" in j.argv) for j in gpu_steps.copy_jobs(one)] == [("linear-seed4", True),
+                                                                               ("delta-seed4", True)]
     assert reproduce_gpu.parse_copy("linear,delta", "0, 2", 60) == {
         "copy_attentions": ("linear", "delta"), "copy_seeds": (0, 2), "copy_wall_s": 60}
     for args, says in ((("linear,nope", "0", 60), "--copy-attentions 'linear,nope': ['nope']; valid: "),
@@ -352,6 +353,24 @@ def test_the_copy_step_runs_pairs_first_then_the_others():
                        (("linear", "0", 0), "--copy-wall-s 0: give a positive")):
         with pytest.raises(ValueError, match=re.escape(says)):
             reproduce_gpu.parse_copy(*args)
+
+
+def test_a_step_done_earlier_runs_a_job_added_since(tmp_path, monkeypatch):
+    """A step whose status says done is skipped only while every job it now has finished: a job
+    added later (a new method, more seeds) runs, and the finished ones are not repeated."""
+    ran = []
+
+    def run_job(job, log, deadline=None):
+        ran.append(job.name)
+        return "ok", 0, 0.1
+    monkeypatch.setattr(reproduce_gpu, "run_job", run_job)
+    jobs = [Job("a", ["true"])]
+    monkeypatch.setitem(reproduce_gpu.STEP_DEFS, 4, Step(4, lambda ctx: jobs))
+    ctx = Ctx(tmp_path / "out", tmp_path / "runs", smoke=True, device="cpu")
+    assert run_step(ctx, 4) and ran == ["a"]
+    assert run_step(ctx, 4) and ran == ["a"]  # done: nothing runs
+    jobs.append(Job("b", ["true"]))
+    assert run_step(ctx, 4) and ran == ["a", "b"]
 
 
 def test_a_cut_run_travels_in_the_pack_and_a_finished_one_does_not(tmp_path):
@@ -379,6 +398,11 @@ def test_a_cut_run_travels_in_the_pack_and_a_finished_one_does_not(tmp_path):
     linear = gpu_steps.copy_jobs(ctx)[1]
     assert linear.name == "linear-seed0" and linear.fresh is None
     assert f"trainer.resume={fresh / 'outputs/gpu/GPU_X/copy/linear-seed0'}" in linear.argv
+    # the run finishes on the next node: unpacking its results forgets the local copy of the cut run
+    (results / "jobs" / "linear-seed0.json").write_text('{"status": "ok"}')
+    (runs / "linear-seed0" / "results.jsonl").unlink()
+    gpu_pack.unpack(gpu_pack.pack(tmp_path / "out2", repo=repo), into=fresh)
+    assert not (fresh / "outputs/gpu/GPU_X/copy/linear-seed0").exists()
     evil = tmp_path / "evil.tar.gz"
     with tarfile.open(evil, "w:gz") as tar:
         tar.add(runs / "linear-seed0" / "run.log", arcname="outputs/gpu/GPU_X/copy/linear-seed0/run.py")

@@ -339,16 +339,15 @@ BEYOND = (
 
 def _largest_common_point(m):
     """Figure 1's rows at the largest N every role reached (time and bytes kept for backward)."""
-    f1 = m[(m.part == "figure1") & (m.n > 0)]  # a role past its budget at some N has no value there
+    f1 = m[(m.part == "figure1") & (m.n > 0) & ~m.measure.str.startswith("peak memory")]  # (past a budget: none)
     if f1.empty:
         return f1
-    complete = f1.groupby("measure").role.nunique() == f1.role.nunique()
+    complete = f1.groupby("measure").role.nunique() == m.role.dropna().nunique()  # every role of the card
     at = {name: int(name.rsplit("N = ", 1)[1].replace(",", "")) for name in complete[complete].index}
     if not at:
         return f1.iloc[:0]
     n = max(at.values())
-    keep = [name for name, v in at.items() if v == n and not name.startswith("peak memory")]
-    return f1[f1.measure.isin(keep)]
+    return f1[f1.measure.isin([name for name, v in at.items() if v == n])]
 
 
 def _card_table(ctx, folder: Path, df) -> str:
