@@ -385,7 +385,8 @@ def figure1_claim(results: Path, folder: str | None) -> Claim:
             + "; linear faster from N = " + ", ".join(f"{v['linear_faster_from_n']:,} ({k.split(' vs ')[1]})"
                                                        for k, v in cross.items() if v.get("linear_faster_from_n"))
             + "; largest N: " + ", ".join(largest(a) for a in ("linear", "softmax-math", "softmax") if a in att)
-            + f" (a CPU: the limits are the run's time budget per point, not memory) (`{folder}`)")
+            + " (a CPU: a point stops at the run's time budget, or at its memory limit, a share of the "
+              f"machine's free memory, where it is refused before it allocates) (`{folder}`)")
     reached = att["linear"]["largest_n"] >= paper.FIGURE1_LARGEST_N["linear"]
     stopped = "" if reached else f"; linear stopped at {att['linear']['largest_n']:,}"
     return Claim(claim, paper_text, here, f"{verdict}: {why}{stopped}")
