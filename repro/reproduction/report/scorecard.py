@@ -242,6 +242,8 @@ def build(card_dir, out_dir=None) -> str:
     text = "\n\n".join(out) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     if out_dir.resolve() != card_dir.resolve():  # a published card keeps what it was built from: rebuildable there
+        for stale in set(PARTS) - set(parts):  # a part an earlier card had and this one has not
+            (out_dir / f"scorecard_{stale}.json").unlink(missing_ok=True)
         for part in parts:
             file = f"scorecard_{part}.json"
             atomic_write(out_dir / file, (card_dir / file).read_text())
@@ -362,7 +364,7 @@ def _card_table(ctx, folder: Path, df) -> str:
         by = rows.set_index("role")
         if SUBJECT not in by.index:
             continue
-        unit = by.unit.iloc[0]
+        unit = by.unit.iloc[0] + ("" if str(by.lower_is_better.iloc[0]) != "False" else ", higher is better")
         cells = [_mean_cell(by, r) for r in [SUBJECT, *refs]]
         verdict = []
         for ref in refs:

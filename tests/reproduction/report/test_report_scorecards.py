@@ -31,7 +31,9 @@ def published(tmp_path, rng):
                 + values("linear", "held-out loss", linear, cell="N = 128")
                 + values("softmax", "held-out loss", softmax, cell="N = 128")
                 + values("attention", "time per update", [30.0], judged=False, cell="N = 128", unit="ms")
-                + values("linear", "time per update", [20.0], judged=False, cell="N = 128", unit="ms"))
+                + values("linear", "time per update", [20.0], judged=False, cell="N = 128", unit="ms")
+                + [{**m, "lower_is_better": False} for role, v in (("attention", [97.0]), ("linear", [90.0]))
+                   for m in values(role, "symbols right", v, judged=False, cell="N = 128", unit="%")])
     # softmax stops before N = 4096: the section's Figure 1 row is N = 2048, the largest all three reached
     figure1 = part("figure1", figure1_points("attention", {1024: 8.0, 2048: 16.0, 4096: 32.0})
                    + figure1_points("linear", {1024: 4.0, 2048: 8.0, 4096: 16.0})
@@ -51,6 +53,10 @@ def test_a_published_card_keeps_its_parts_and_command_and_rebuilds_from_them(tmp
     before = pd.read_csv(folder / "scorecard.csv")
     card.build(folder)  # from the published folder alone
     pd.testing.assert_frame_equal(pd.read_csv(folder / "scorecard.csv"), before)
+    # a card published again without a part leaves no stale summary of it behind
+    (tmp_path / "sweep" / "scorecard_figure1.json").unlink()
+    card.build(tmp_path / "sweep", folder)
+    assert not (folder / "scorecard_figure1.json").exists()
     # Figure 1: one row per point, never a mean over N
     row = before[(before.measure == "time per sample, N = 4,096") & (before.role == "linear")]
     assert len(row) == 1 and row["mean"].iloc[0] == 16.0 and row.n.iloc[0] == 1
@@ -72,6 +78,7 @@ def test_the_section_shows_each_card_with_its_verdicts(tmp_path):
     assert f"{np.mean(mine):.4g} ± {np.std(mine, ddof=1):.2g} (3 seeds)" in loss
     time = lines["copy: time per update, N = 128 (ms)"]
     assert "1.5x linear's" in time and time.endswith("| — |")  # not judged: the ratio; softmax not measured
+    assert "1.08x linear's" in lines["copy: symbols right, N = 128 (%, higher is better)"]
     figure1 = [k for k in lines if k.startswith("figure1")]
     assert figure1 == ["figure1: time per sample, N = 2,048 (ms)", "figure1: kept for backward per sample, "
                        "N = 2,048 (MB)"], figure1
