@@ -302,15 +302,21 @@ def _measure(model, mode, backend, t, length, batch, device, graph=False) -> dic
         if graphed is None:
             raise
         return {"status": "error", "reason": str(err)}
-    except RuntimeError as err:  # a step CUDA cannot capture: this method's row, not the whole run
-        if graphed is None or out_of_memory(err) is not None:
-            raise
-        return {"status": "error", "reason": f"graph=true: {type(err).__name__}: {err}".splitlines()[0]}
     except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor without a C++ compiler
         cause = getattr(err, "inner_exception", err)
         if (reason := out_of_memory(cause)) is not None:
             return {"status": "oom", "reason": reason}
         return {"status": "error", "reason": f"compile={backend}: {type(cause).__name__}: {cause}".splitlines()[0]}
+    except RuntimeError as err:  # a step CUDA cannot capture: this method's row, not the whole run
+        if graphed is None or out_of_memory(err) is not None:
+            raise
+        return {"status": "error", "reason": f"graph=true: {type(err).__name__}: {err}".splitlines()[0]}
+
+
+def _spread(values) -> str:
+    """One run's value, or several runs' range with their count."""
+    lo, hi = values.min(), values.max()
+    return f"{lo:.3g}" if len(values) == 1 else f"{lo:.3g}-{hi:.3g} ({len(values)} runs)"
 
 
 def aggregate(rows, out_dir, publish: bool = True) -> float:
@@ -327,13 +333,14 @@ def aggregate(rows, out_dir, publish: bool = True) -> float:
         table = []
         for method, m in g.groupby("method", sort=False):
             row = {"method": method}
-            for r in m.sort_values("batch").itertuples():
-                mark = " (extrapolated)" if r.extrapolated else ""
-                row[f"s/image @{r.batch}"] = f"{r.seconds_per_image:.3g}{mark}"
-                row[f"images/s @{r.batch}"] = f"{r.images_per_s:.3g}"
-                if device_is_cpu and r.cpu_seconds_per_image == r.cpu_seconds_per_image:  # not NaN
-                    row[f"CPU-time s/image @{r.batch}"] = f"{r.cpu_seconds_per_image:.3g}"
-            b1 = m[m.batch == m.batch.min()].seconds_per_image.iloc[0]
+            for batch, rb in m.groupby("batch"):  # several rows: runs of one command published together
+                mark = " (extrapolated)" if rb.extrapolated.any() else ""
+
+                row[f"s/image @{batch}"] = _spread(rb.seconds_per_image) + mark
+                row[f"images/s @{batch}"] = _spread(rb.images_per_s)
+                if device_is_cpu and rb.cpu_seconds_per_image.notna().all():
+                    row[f"CPU-time s/image @{batch}"] = _spread(rb.cpu_seconds_per_image)
+            b1 = m[m.batch == m.batch.min()].seconds_per_image.median()
             if (m["mode"] == "floor").all():
                 row[f"weights GB/s @{m.batch.min()}"] = f"{m.sort_values('batch').weights_gb_per_s.iloc[0]:.3g}"
             else:
@@ -342,13 +349,13 @@ def aggregate(rows, out_dir, publish: bool = True) -> float:
                 for ref in g[g.attention == "softmax"].method.unique():
                     base = g[(g.method == ref) & (g.batch == m.batch.min())]
                     if len(base) and method != ref:
-                        row[f"speed-up vs {ref}"] = f"{base.seconds_per_image.iloc[0] / b1:.3g}x"
+                        row[f"speed-up vs {ref}"] = f"{base.seconds_per_image.median() / b1:.3g}x"  # (medians)
                         if device_is_cpu:  # the same ratio in CPU time (robust to a shared machine's load)
-                            c1 = m[m.batch == m.batch.min()].cpu_seconds_per_image.iloc[0]
-                            row[f"CPU-time speed-up vs {ref}"] = f"{base.cpu_seconds_per_image.iloc[0] / c1:.3g}x"
+                            c1 = m[m.batch == m.batch.min()].cpu_seconds_per_image.median()
+                            row[f"CPU-time speed-up vs {ref}"] = f"{base.cpu_seconds_per_image.median() / c1:.3g}x"
                 floor = g[(g["mode"] == "floor") & (g.batch == m.batch.min())]
                 if len(floor):  # how far above the cost of reading the weights
-                    row[f"x floor @{m.batch.min()}"] = f"{b1 / floor.seconds_per_image.iloc[0]:.3g}"
+                    row[f"x floor @{m.batch.min()}"] = f"{b1 / floor.seconds_per_image.median():.3g}"
                 if "compile" in m and isinstance(m["compile"].iloc[0], str):
                     row["compile s"] = f"{m.compile_s.max():.3g}"
                 if "graph_s" in m and m.graph_s.notna().any():

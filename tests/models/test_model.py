@@ -314,3 +314,19 @@ def test_generation_projections_follow_the_weights_and_step_aside_for_autograd(n
     y, _ = la.step(torch.randn(3, la.d_model, dtype=torch.float64))
     y.sum().backward()
     assert all(p.grad is not None for p in (la.q_proj.weight, la.k_proj.weight, la.v_proj.weight))
+
+
+def test_throughput_table_of_several_runs_shows_their_range(tmp_path):
+    """Rows of three runs of one command published together: each cell is their range with the
+    count, and a speed-up compares medians."""
+    from repro.tasks import throughput
+    base = {"task": "throughput", "size": "mnist", "batch": 1, "length": 784, "n_layers": 8, "dtype": "float32",
+            "device": "a CPU", "device_type": "cpu", "status": "ok", "extrapolated": False, "mode": "recurrent"}
+    rows = [{**base, "method": m, "attention": a, "seconds_per_image": s, "images_per_s": 1 / s,
+             "cpu_seconds_per_image": s} for m, a, times in (("stateful-softmax", "softmax", (62.0, 52.1, 54.5)),
+                                                              ("linear", "linear", (42.4, 42.1, 42.5)))
+            for s in times]
+    throughput.aggregate(rows, tmp_path, publish=False)
+    text = (tmp_path / "throughput.txt").read_text()
+    assert "52.1-62 (3 runs)" in text and "42.1-42.5 (3 runs)" in text
+    assert f"{54.5 / 42.4:.3g}x" in text  # the medians' ratio

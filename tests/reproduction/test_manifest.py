@@ -234,3 +234,18 @@ def test_accessors_keep_the_manifests_order(tmp_path):
     assert named.columns("table_5") == [manifest.Column(tmp_path / "throughput/t", 1)]
     assert named.folder("successors", "mnist") is None and named.claim("mnist") is None
     assert named.read() == [tmp_path / "copy/b", tmp_path / "copy/a", tmp_path / "throughput/t"]
+
+
+def test_a_folder_holding_several_runs_of_one_command_shows_their_range(tmp_path):
+    """Three runs of one throughput command published into one folder: a cell they all measured is
+    their range with the count, by the one rule (never the slowest, never the last), and the note
+    under the table says how many runs; a cell one run measured is its value."""
+    s_per_image = {"stateful-softmax": (62.0, 52.1, 54.5), "linear": (42.4, 42.1, 42.5)}
+    rows = [(m, 1, 1 / v[i]) for i in range(3) for m, v in s_per_image.items()] + [("softmax", 1, 1 / 300.0)]
+    _throughput(tmp_path, "throughput/quiet", rows)
+    write_manifest(tmp_path, table_5=[{"folder": "throughput/quiet", "batch": 1, "quiet": True}])
+    md = build(tmp_path, tmp_path / "REPORT.md")
+    cells = {m: _cells(md, m, "### Table 5, MNIST")["our s/image, CPU, batch 1, quiet run"]
+             for m in ("stateful-softmax", "linear", "softmax")}
+    assert cells == {"stateful-softmax": "52.1–62 (3 runs)", "linear": "42.1–42.5 (3 runs)", "softmax": "300"}
+    assert "quiet run: 3 runs of one command (a cell they all measured: their range)" in md

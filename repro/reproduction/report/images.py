@@ -20,9 +20,10 @@ from repro.reproduction.report.format import (
     hardware,
     hw_class,
     md_table,
+    num,
     run_rows,
 )
-from repro.reproduction.report.marks import load_avg, marked
+from repro.reproduction.report.marks import extrapolated, load_avg, loaded, marked
 from repro.reproduction.report.schema import Rows, Table, failed, read_rows
 
 BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
@@ -82,6 +83,7 @@ class Run:
     batch: int | None = None
     rows: dict = field(default_factory=dict)
     quiet: bool = False  # named a quiet run in the manifest: its header says so
+    repeats: dict = field(default_factory=dict)  # (dataset, method) -> every run's row, where the folder holds several
 
 
 def column_runs(ctx, cells, section: str, part: str | None = None) -> list[Run]:
@@ -101,9 +103,12 @@ def column_runs(ctx, cells, section: str, part: str | None = None) -> list[Run]:
             raise ManifestError(f"{where}: {column.folder.relative_to(ctx.root)} at batch {column.batch} holds "
                                 + (f"rows of {' and '.join(classes)}: a column holds one hardware" if classes
                                    else "no rows"))
-        rows = {(dataset_of(r["size"]), str(r.method)): r for _, r in df.iterrows()}
+        every = {}
+        for _, r in df.iterrows():
+            every.setdefault((dataset_of(r["size"]), str(r.method)), []).append(r)
+        rows = {k: v[-1] for k, v in every.items()}
         runs.append(Run(classes[0], column.folder, column.batch, {k: r for k, r in rows.items() if k in cells},
-                        column.quiet))
+                        column.quiet, {k: v for k, v in every.items() if k in cells and len(v) > 1}))
     return runs
 
 
@@ -120,6 +125,12 @@ def _cell(run: Run, ds, method, column) -> str:
         return "not in this run"
     if failed(r.status):  # oom, timeout, error: ...: never a value
         return str(r.status)
+    runs = [x for x in run.repeats.get((ds, method), []) if not failed(x.status) and pd.notna(x[column])]
+    if len(runs) > 1:  # the same command run several times: their range, one rule for every such cell
+        values = sorted(float(x[column]) for x in runs)
+        marks = [m for m, on in (("extrapolated", any(map(extrapolated, runs))), ("loaded", any(map(loaded, runs))))
+                 if on]
+        return f"{num(values[0])}–{num(values[-1])} ({len(runs)} runs" + "".join(f", {m}" for m in marks) + ")"
     return marked(r[column], r) if pd.notna(r[column]) else "not measured"
 
 
@@ -132,12 +143,14 @@ def _run_note(run: Run, quantity, root) -> str | None:
     """One line under a table: which run a column shows, on what, and its command."""
     if run.folder is None:
         return None
-    rows = list(run.rows.values())
+    rows = list(run.rows.values()) + [r for every in run.repeats.values() for r in every]
+    n_runs = max((len(every) for every in run.repeats.values()), default=1)
     device = "; ".join(dict.fromkeys(str(r.get("device", "")) for r in rows if str(r.get("device", ""))))
     shas = ", ".join(dict.fromkeys(str(r["git_sha"])[:7] for r in rows if pd.notna(r.get("git_sha"))))
     loads = [v for v in map(load_avg, rows) if v is not None]
     load = f", 1-min load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-    note = (f"{_header(quantity, run)[0].upper()}{_header(quantity, run)[1:]}: one run, "
+    runs = "one run" if n_runs == 1 else f"{n_runs} runs of one command (a cell they all measured: their range)"
+    note = (f"{_header(quantity, run)[0].upper()}{_header(quantity, run)[1:]}: {runs}, "
             f"`{run.folder.relative_to(root)}` ({device or 'device not recorded'}{f', git {shas}' if shas else ''}"
             f"{load}): {code(command(run.folder, root))}")
     return note + "."
