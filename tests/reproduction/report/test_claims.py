@@ -374,6 +374,25 @@ def test_the_sweep_row_sets_the_authors_script_beside_ours(tmp_path):
     assert "the authors' script brings linear to softmax's loss" in claims.claims(tmp_path)[3].verdict
 
 
+@pytest.mark.parametrize("spread, expect", [(0.05, REPRODUCED), (0.6, UNDECIDED)])
+def test_the_speech_speed_up_is_judged_from_the_seeds_interval(tmp_path, spread, expect):
+    """Five seeds, each running softmax-math and linear in turn: the ratio of their CPU times per
+    update, seed by seed, has Student's 95 % interval (scipy's); the speed-up is reproduced only
+    when all of it clears the rule (the paper's 3.3x / 1.5), undecided when it straddles it."""
+    _write(tmp_path)
+    ratios = [3.0 + spread * d for d in (-2, -1, 0, 1, 2)]
+    size = {"batch_size": 8, "model_n_layers": 9, "model_n_heads": 6, "model_d_model": 192}
+    rows = [{"kind": "train", **size}]
+    rows += [{"kind": "final", **size, "attention": a, "seed": s, "cpu_time_per_step_ms": v}
+             for s, r in enumerate(ratios) for a, v in (("linear", 1000.0 + s), ("softmax-math", r * (1000.0 + s)))]
+    (tmp_path / "asr/speed_800_cpu/asr_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    verdict = claims.asr_claim(tmp_path, CLAIMS["asr"]).verdict
+    ci = scipy_stats.t.interval(0.95, 4, loc=np.mean(ratios), scale=scipy_stats.sem(ratios))
+    assert verdict.startswith(f"{expect} (per-seed ratio, 95 % CI [{ci[0]:.2f}, {ci[1]:.2f}] over 5 seeds; "
+                              "the rule: 2.19x)"), verdict
+    assert (ci[0] >= 3.28 / 1.5) == (expect == REPRODUCED)
+
+
 def test_mnist_ties_inside_the_seeds_spread_are_undecided(tmp_path):
     """Seeds 0.05 apart and levels 0.02 apart: every interval includes 0, so the order is
     undecided at this scale, with the smallest gap the runs could have detected."""
