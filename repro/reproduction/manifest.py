@@ -30,7 +30,7 @@ class ManifestError(ConfigError):
 
 # the claims of the claims table that are judged from a run, each with what it reads there
 CLAIMS = {
-    "figure1": "Figure 1: time slopes and the largest N (summary.json)",
+    "figure1": "Figure 1: time slopes and the largest N (summary.json; the slopes' intervals from benchmark.csv)",
     "copy": "Figure 2: linear reaches softmax's copy loss, LSH-4 ends above both (copy_rows.jsonl)",
     "copy_sweep": "Figure 2 at N = 128: linear against width, per-head state and budget (a folder of cells, each "
                   "a folder with copy_rows.jsonl)",

@@ -362,6 +362,21 @@ def mnist_claims(results: Path, folder: str | None) -> list[Claim]:
     return out
 
 
+FIGURE1_POINTS = Table("benchmark.csv", {"attention": str, "n": float, "time_per_sample_ms": float, "status": str})
+
+
+def _slope_intervals(df) -> dict:
+    """{attention: Student's 95 % interval of the slope of log time against log N} over its
+    measured points (3 or more)."""
+    out = {}
+    for a, g in df[df.status == "ok"].dropna(subset=["time_per_sample_ms"]).groupby("attention"):
+        if len(g) >= 3:
+            fit = stats.linregress(np.log(g.n.astype(float)), np.log(g.time_per_sample_ms.astype(float)))
+            half = stats.t.ppf(0.975, len(g) - 2) * fit.stderr
+            out[a] = (fit.slope - half, fit.slope + half)
+    return out
+
+
 def figure1_claim(results: Path, folder: str | None) -> Claim:
     claim = "Figure 1: linear attention's time grows linearly with N, softmax's quadratically; linear reaches 65,536"
     paper_text = (f"log-log slopes: linear {paper.FIGURE1_SLOPES['linear']:g}, softmax "
@@ -381,9 +396,15 @@ def figure1_claim(results: Path, folder: str | None) -> Claim:
         failure = att[a].get("first_failure")
         return f"{a} {att[a]['largest_n']:,}" + (f" ({failure})" if failure else "")
 
-    here = (f"time slopes: linear {ours['linear']:.2f}, softmax-math (the N x N matrix, as the paper's) "
-            f"{ours['softmax']:.2f}" + (f", SDPA softmax {att['softmax']['time_slope_all']:.2f}" if "softmax" in att
-                                        else "")
+    bench = results / str(folder) / "benchmark.csv"
+    ci = _slope_intervals(read_table(bench, results, FIGURE1_POINTS)) if bench.is_file() else {}
+
+    def interval(a):
+        return f" [{ci[a][0]:.2f}, {ci[a][1]:.2f}]" if a in ci else ""
+    here = (f"time slopes (95 % CI of the log-log fit): linear {ours['linear']:.2f}{interval('linear')}, softmax-math "
+            f"(the N x N matrix, as the paper's) {ours['softmax']:.2f}{interval('softmax-math')}"
+            + (f", SDPA softmax {att['softmax']['time_slope_all']:.2f}{interval('softmax')}" if "softmax" in att
+               else "")
             + "; linear faster from N = " + ", ".join(f"{v['linear_faster_from_n']:,} ({k.split(' vs ')[1]})"
                                                        for k, v in cross.items() if v.get("linear_faster_from_n"))
             + "; largest N: " + ", ".join(largest(a) for a in ("linear", "softmax-math", "softmax") if a in att)

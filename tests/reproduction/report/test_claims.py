@@ -374,6 +374,25 @@ def test_the_sweep_row_sets_the_authors_script_beside_ours(tmp_path):
     assert "the authors' script brings linear to softmax's loss" in claims.claims(tmp_path)[3].verdict
 
 
+def test_figure1_slopes_carry_the_fits_interval(tmp_path):
+    """The Figure 1 row shows each slope with Student's 95 % interval of its log-log fit over the
+    points measured (scipy's linregress), failed points left out."""
+    _write(tmp_path)
+    rng = np.random.default_rng(1)
+    ns = [512, 1024, 2048, 4096, 8192]
+    times = {"linear": [0.01 * n * rng.uniform(0.9, 1.1) for n in ns],
+             "softmax-math": [1e-5 * n * n * rng.uniform(0.8, 1.2) for n in ns]}
+    rows = [{"attention": a, "n": n, "time_per_sample_ms": v, "status": "ok"} for a, vs in times.items()
+            for n, v in zip(ns, vs)] + [{"attention": "softmax-math", "n": 16384, "time_per_sample_ms": None,
+                                         "status": "oom"}]
+    pd.DataFrame(rows).to_csv(tmp_path / "figure1-cpu" / "benchmark.csv", index=False)
+    here = claims.figure1_claim(tmp_path, "figure1-cpu").here
+    for a, vs in times.items():
+        fit = scipy_stats.linregress(np.log(ns), np.log(vs))
+        half = scipy_stats.t.ppf(0.975, len(ns) - 2) * fit.stderr
+        assert f" [{fit.slope - half:.2f}, {fit.slope + half:.2f}]" in here, (a, here)
+
+
 @pytest.mark.parametrize("spread, expect", [(0.05, REPRODUCED), (0.6, UNDECIDED)])
 def test_the_speech_speed_up_is_judged_from_the_seeds_interval(tmp_path, spread, expect):
     """Five seeds, each running softmax-math and linear in turn: the ratio of their CPU times per
