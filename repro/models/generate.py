@@ -182,9 +182,8 @@ class GraphedSteps:
         from repro.models.autoregressive import GenerationState
 
         for layer in recurrent_layers(self.model):  # a static cache is written at slots 0..length - 2
-            attention = getattr(layer, "attention", layer)
-            if getattr(attention, "static_cache", False) and length - 1 > attention.initial_cache:
-                raise ValueError(f"GraphedSteps: a static cache of initial_cache={attention.initial_cache} slots "
+            if getattr(layer, "static_cache", False) and length - 1 > layer.initial_cache:
+                raise ValueError(f"GraphedSteps: a static cache of initial_cache={layer.initial_cache} slots "
                                  f"cannot take {length - 1} tokens: set initial_cache to the sequence's length")
         fast_projections(self.model)
         self.model._position(length, prefix.device)  # the position table, grown before any capture

@@ -4,13 +4,13 @@ parts past PART_BYTES), and comes out here into the checkout, only under the fol
 A training run cut before it finished travels too (its checkpoint and rows), so that the next
 command resumes it on whatever node runs it."""
 import io
-import json
 import re
 import shutil
 import tarfile
 from pathlib import Path
 
 from repro.common.results import REPO
+from repro.reproduction.jobs import finished_ok
 
 PACKED = ("results/gpu", "outputs/gpu-smoke/results")  # what --pack takes, relative to the repository
 # a cut training run of reproduce_gpu: outputs/gpu/<device>/<step>/<run>/ (its checkpoint and its rows so far)
@@ -31,9 +31,7 @@ def cut_runs(repo=REPO) -> list[Path]:
         run = ckpt.parent.parent
         step, device = run.parent.name, run.parent.parent
         results = repo / ("outputs/gpu-smoke/results" if device.name == "runs" else f"results/gpu/{device.name}")
-        job = results / step / "jobs" / f"{run.name}.json"
-        finished = job.is_file() and json.loads(job.read_text()).get("status") == "ok"
-        if not finished:
+        if not finished_ok(results / step / "jobs" / f"{run.name}.json"):
             out += [p.relative_to(repo) for p in (ckpt, run / "results.jsonl") if p.is_file()]
     return out
 
@@ -95,7 +93,7 @@ def forget_finished(into, names):
     into = Path(into)
     for name in names:
         m = re.fullmatch(r"results/gpu/([^/]+)/([^/]+)/jobs/([^/]+)\.json", name)
-        if m and json.loads((into / name).read_text()).get("status") == "ok":
+        if m and finished_ok(into / name):
             run = into / "outputs" / "gpu" / m[1] / m[2] / m[3]
             if (run / "checkpoints" / "last.pt").is_file():
                 shutil.rmtree(run)

@@ -2,6 +2,7 @@
 to a log, stopped with SIGTERM (to the whole group) at its wall-clock cap or before a deadline,
 and stopped the same way when this process is interrupted."""
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -15,6 +16,12 @@ from repro.common.results import REPO
 
 GRACE_S = 60  # after SIGTERM, what a job has to checkpoint and write its last row before SIGKILL
 
+
+
+def finished_ok(job_file) -> bool:
+    """A step's jobs/<name>.json says its job finished (status ok): not to be run, or resumed, again."""
+    path = Path(job_file)
+    return path.is_file() and json.loads(path.read_text()).get("status") == "ok"
 
 @dataclass
 class Job:

@@ -66,7 +66,7 @@ from repro.reproduction.gpu_steps import (
     mnist_runs,
     speech_jobs,
 )
-from repro.reproduction.jobs import Interrupted, on_signal, run_job, shown
+from repro.reproduction.jobs import Interrupted, finished_ok, on_signal, run_job, shown
 
 
 def env_report(ctx):
@@ -168,12 +168,9 @@ def run_step(ctx, number, force=False, deadline=None):
     spec = STEP_DEFS[number]
     jobs = spec.jobs(ctx)
 
-    def finished(job):
-        jm = d / "jobs" / f"{job.name}.json"
-        return job.skip or (jm.is_file() and json.loads(jm.read_text()).get("status") == "ok")
     # done earlier, and no job added since (a new method, --copy-seeds): nothing to run
     if marker.is_file() and json.loads(marker.read_text()).get("status") == "done" and not force \
-            and all(finished(j) for j in jobs):
+            and all(j.skip or finished_ok(d / "jobs" / f"{j.name}.json") for j in jobs):
         print(f"[{number} {name}] done earlier ({marker}); --force redoes it")
         return True
     d.mkdir(parents=True, exist_ok=True)
