@@ -72,11 +72,14 @@ class SoftmaxAttention(AttentionLayer):
         elif state.length == state.k.shape[2]:  # full: double, so appends cost O(1) amortised
             state = KVCache(torch.cat([state.k, torch.empty_like(state.k)], 2),
                             torch.cat([state.v, torch.empty_like(state.v)], 2), state.length)
-        # narrow rather than an int index: torch.compile keeps a narrow's start symbolic but
-        # specializes an index, which would recompile the step at every position.
+        # index_copy_ at a tensor index: torch.compile keeps the position symbolic (an int index
+        # would recompile at every position) and writes the one slot in place even where several
+        # steps share a graph (compile_step's tokens_per_call), where a copy_ into a narrow view
+        # became a copy of the whole cache per layer and step, read back before the next step.
         n = state.length
-        state.k.narrow(2, n, 1).copy_(k[:, :, None])
-        state.v.narrow(2, n, 1).copy_(v[:, :, None])
+        at = torch.full((1,), n, dtype=torch.long, device=k.device)
+        state.k.index_copy_(2, at, k[:, :, None])
+        state.v.index_copy_(2, at, v[:, :, None])
         state.length = n = n + 1
         with self._kernel():
             y = F.scaled_dot_product_attention(q[:, :, None], state.k.narrow(2, 0, n), state.v.narrow(2, 0, n))
