@@ -201,7 +201,8 @@ def run(cfg) -> float:
                "time_per_step_ms": final["time_per_step_ms"], "n_params": final["n_params"],
                "time_per_epoch_s": (final["time_per_step_ms"] or float("nan")) * len(data) / 1e3,
                "cpu_time_per_epoch_s": (final["cpu_time_per_step_ms"] or float("nan")) * len(data) / 1e3,
-               "epochs": final["steps"] / len(data)}
+               "epochs": final["steps"] / len(data),
+               **{k: final.get(k) for k in ("loadavg_1min_start", "loadavg_1min_end")}}
     utterances = []
     with torch.no_grad():
         for split, ds in [("valid", valid), ("test", test), ("real", real)]:

@@ -5,6 +5,7 @@ per sample, a row per (attention, N), a log-log plot and a table.
 One run measures task.attentions (or the `attention` chosen on the command line); a Hydra
 multirun over attention and lengths aggregates all its jobs at the end (repro.cli.callbacks).
 """
+import os
 import sys
 from pathlib import Path
 
@@ -147,6 +148,7 @@ def run(cfg) -> float:
             spec = {"attention": att, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads, "n": n,
                     "batch": batch, "causal": bool(t.causal), "dtype": dtype, "device": str(device),
                     "warmup": t.warmup, "repeats": t.repeats, "time_budget_s": t.time_budget_s, "seed": cfg.seed}
+            load = os.getloadavg()[0]  # the machine's load over the point: its times are inflated above the cores
             if name in failed and t.skip_after_failure:  # a longer N would fail the same way
                 status, at = failed[name]
                 result = {"status": status, "reason": f"skipped: {status} at N={at}"}
@@ -156,7 +158,8 @@ def run(cfg) -> float:
             else:
                 result = measure_safely(spec)
             row = {"task": "benchmark", "attention": name, "target": att["_target_"], "n": n, "batch": batch,
-                   **settings, "attention_settings": per_attention[name], **result, **meta, **publishing}
+                   **settings, "attention_settings": per_attention[name], **result,
+                   "loadavg_1min_start": load, "loadavg_1min_end": os.getloadavg()[0], **meta, **publishing}
         note_fallback(name, row)
         if row["status"] != "ok":
             tqdm.write(f"{name} N={n}: {row['status']}: {row.get('reason', '')}", file=sys.stderr)

@@ -244,8 +244,16 @@ def _rows(d) -> list[dict]:
     return read_jsonl(p) if p.is_file() else []
 
 
+def _load(r: dict) -> dict:
+    """A timed row's 1-minute load average over its run (the larger of start and end), where recorded:
+    the card marks a time measured while the machine had more runnable processes than cores."""
+    vals = [r[k] for k in ("loadavg_1min_start", "loadavg_1min_end") if r.get(k) is not None]
+    return {"load": max(vals)} if vals else {}
+
+
 def measures(part: str, run: dict) -> list[dict]:
-    """A finished run's numbers: [{measure, cell, value, lower_is_better, unit, judged, ...}]."""
+    """A finished run's numbers: [{measure, cell, value, lower_is_better, unit, judged, ...}]; a time
+    carries its run's load average (`load`) where the run recorded one."""
     rows, cell = _rows(run["dir"]), run["cell"]
     out = []
 
@@ -269,24 +277,24 @@ def measures(part: str, run: dict) -> list[dict]:
         else:
             add("validation PER", 100 * final["valid_per"] if "valid_per" in final else None, "%", judged=True,
                 steps=steps)
-            add("seconds per epoch", final.get("time_per_epoch_s"), "s", steps=steps)
+            add("seconds per epoch", final.get("time_per_epoch_s"), "s", steps=steps, **_load(final))
         if part != "speech":
-            add("time per update", final.get("time_per_step_ms"), "ms", steps=steps)
+            add("time per update", final.get("time_per_step_ms"), "ms", steps=steps, **_load(final))
     elif part == "figure1":
         for r in rows:
             if r.get("task") == "benchmark" and r.get("status") == "ok":
-                for col, name, unit in (("time_per_sample_ms", "time per sample", "ms"),
-                                        ("mem_per_sample_mb", "peak memory per sample", "MB"),
-                                        ("saved_per_sample_mb", "kept for backward per sample", "MB")):
-                    add(name, r.get(col), unit, n=r["n"])
+                add("time per sample", r.get("time_per_sample_ms"), "ms", n=r["n"], **_load(r))
+                add("peak memory per sample", r.get("mem_per_sample_mb"), "MB", n=r["n"])
+                add("kept for backward per sample", r.get("saved_per_sample_mb"), "MB", n=r["n"])
     elif part == "generation":
         for r in rows:
             if r.get("task") == "throughput" and r.get("status") == "ok":
                 if r["batch"] == 1:
-                    add("seconds per image, batch 1", r["seconds_per_image"], "s", extrapolated=r.get("extrapolated"))
+                    add("seconds per image, batch 1", r["seconds_per_image"], "s", extrapolated=r.get("extrapolated"),
+                        **_load(r))
                 else:
                     add(f"images per second, batch {r['batch']}", r["images_per_s"], "images/s", lower=False,
-                        extrapolated=r.get("extrapolated"))
+                        extrapolated=r.get("extrapolated"), **_load(r))
     return out
 
 

@@ -34,6 +34,19 @@ def test_in_process_run_writes_rows_table_and_plot(compose_cfg, tmp_path):
     assert len(pd.read_csv(tmp_path / "benchmark.csv")) == 4
 
 
+def test_every_point_records_the_load_over_its_measurement(compose_cfg, tmp_path, monkeypatch):
+    """Each point's row carries the 1-minute load average read before and after it is measured
+    (a time measured with more runnable processes than cores is marked by the scorecard)."""
+    reads = iter(range(100))
+    monkeypatch.setattr(benchmark.os, "getloadavg", lambda: (float(next(reads)), 0.0, 0.0))
+    benchmark.run(compose_cfg(*TINY, "task.isolate=false", "task.attentions=[softmax,linear]", f"+run_dir={tmp_path}"))
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    starts, ends = [r["loadavg_1min_start"] for r in rows], [r["loadavg_1min_end"] for r in rows]
+    assert len(rows) == 4 and all(b == a + 1 for a, b in zip(starts, ends))  # one read each side of a point
+    assert starts == sorted(starts) and len(set(starts + ends)) == 8
+    assert {"loadavg_1min_start", "loadavg_1min_end"} <= set(pd.read_csv(tmp_path / "benchmark.csv"))
+
+
 def test_timeout_is_a_row_and_longer_lengths_are_skipped(compose_cfg, tmp_path):
     cfg = compose_cfg(*TINY, "task.isolate=false", "task.attentions=[linear]", "task.time_budget_s=1e-6",
                       f"+run_dir={tmp_path}")

@@ -169,6 +169,40 @@ def test_worse_and_one_seed(tmp_path):
     assert "smoke test" in text.splitlines()[0] and "**A smoke test**" in text
 
 
+def test_a_time_measured_under_load_is_marked(tmp_path):
+    """A run's load average rides with its times (tasks.scorecard.measures); the card marks a time
+    whose run had more runnable processes than the machine's cores, and only that one."""
+    rows = [{"task": "benchmark", "status": "ok", "n": 512, "time_per_sample_ms": 2.0, "mem_per_sample_mb": 1.0,
+             "loadavg_1min_start": 1.2, "loadavg_1min_end": 3.4}]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = {m["measure"]: m for m in scorecard.measures("figure1", {"dir": tmp_path / "run", "cell": None})}
+    assert got["time per sample"]["load"] == 3.4 and "load" not in got["peak memory per sample"]
+
+    machine = {"machine": "AMD EPYC (2 cores, 1 threads)"}
+    point = {"unit": "ms", "judged": False, "lower_is_better": True, "cell": None, "n": 512}
+    figure1 = part("figure1", [{**point, "measure": "time per sample", "role": "attention", "value": 5.0, "load": 2.9},
+                               {**point, "measure": "time per sample", "role": "linear", "value": 1.0, "load": 1.1},
+                               {**point, "measure": "time per sample", "role": "softmax", "value": 3.0}], **machine)
+    copy = part("copy", values("attention", "held-out loss", [0.1, 0.11, 0.12])
+                + values("linear", "held-out loss", [0.2, 0.21, 0.22]) + values("softmax", "held-out loss", [0.01] * 3)
+                + [{**v, "load": 2.5 if v["role"] == "linear" and v["seed"] == 1 else 1.0}
+                   for r in ("attention", "linear", "softmax")
+                   for v in values(r, "time per update", [30.0, 31.0, 32.0], judged=False, unit="ms")], **machine)
+    write_parts(tmp_path / "sweep", figure1, copy)
+    text = card.build(tmp_path / "sweep")
+    assert "5 (loaded) · 1 · 3" in text  # the subject's point only: linear's load 1.1 is below 2 cores
+    time_row = next(line for line in text.splitlines() if line.startswith("| time per update"))
+    assert time_row.count("(loaded)") == 1 and "31 ± 1 (3 seeds) (loaded)" in time_row.split("|")[3]
+    assert text.count(card.LOADED) == 2  # under Figure 1's table and under the copy task's
+    csv = pd.read_csv(tmp_path / "sweep" / "scorecard.csv")
+    marked = csv[csv.loaded.astype(str) == "True"]
+    assert set(zip(marked.part, marked.role)) == {("figure1", "attention"), ("copy", "linear")}
+    # no cores in the machine's name, or no load recorded: nothing is marked
+    write_parts(tmp_path / "plain", {**figure1, "machine": "a test CPU"}, part("copy", copy["measures"][:9]))
+    assert "(loaded)" not in card.build(tmp_path / "plain")
+
+
 def test_a_folder_without_parts_is_one_line(tmp_path, capsys):
     from repro.reproduction.report.build import main
 

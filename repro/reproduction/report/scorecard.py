@@ -20,6 +20,7 @@ import pandas as pd
 
 from repro.common.results import atomic_write, rows_to_csv, save_figure
 from repro.reproduction import verdicts
+from repro.reproduction.report import marks
 from repro.reproduction.report.format import code, command, md_table, num
 from repro.reproduction.report.schema import Table
 
@@ -69,11 +70,30 @@ def judge(a: verdicts.Seeds, ref: verdicts.Seeds, name: str, tol: float) -> tupl
     return "undecided", f"{text}; these runs could detect a gap of {g.detectable:.2g}"
 
 
+LOADED = ("(loaded): the machine's 1-minute load average passed its cores while that run ran; its times are "
+          "inflated.")
+
+
+def _cell_of(m) -> str | None:
+    return m.get("cell") or (f"N = {m['n']:,}" if m.get("n") is not None else None)  # Figure 1: a point per N
+
+
+def _loaded(summary, m) -> bool:
+    """A time measured while the machine had more runnable processes than cores (report.marks)."""
+    return m.get("load") is not None and marks.loaded({"loadavg_1min_start": m["load"],
+                                                       "device": summary.get("machine", "")})
+
+
+def _marked(text, *marks_on) -> str | None:
+    on = [name for name, is_on in zip(("extrapolated", "loaded"), marks_on) if is_on]
+    return f"{text} ({', '.join(on)})" if text and on else text
+
+
 def _group(summary) -> dict:
     """{(measure, cell, unit, lower_is_better, judged): {role: [values in seed order]}}."""
     out = {}
     for m in sorted(summary.get("measures", []), key=lambda m: (m.get("seed") is None, m.get("seed") or 0)):
-        cell = m.get("cell") or (f"N = {m['n']:,}" if m.get("n") is not None else None)  # Figure 1: a point per N
+        cell = _cell_of(m)
         key = (m["measure"], cell, m["unit"], m["lower_is_better"], m["judged"])
         out.setdefault(key, {}).setdefault(m["role"], []).append(m["value"])
     return out
@@ -95,7 +115,9 @@ def measure_rows(part: str, summary: dict) -> list[dict]:
         row = {"part": part, "measure": measure + (f", {cell}" if cell else ""), "unit": unit,
                "lower_is_better": lower, "values": {r: by.get(r, []) for r in [SUBJECT, *refs]},
                "extrapolated": {m["role"] for m in summary.get("measures", [])
-                                if m.get("extrapolated") and (m["measure"], m.get("cell")) == (measure, cell)}}
+                                if m.get("extrapolated") and (m["measure"], _cell_of(m)) == (measure, cell)},
+               "loaded": {m["role"] for m in summary.get("measures", [])
+                          if _loaded(summary, m) and (m["measure"], _cell_of(m)) == (measure, cell)}}
         for ref in refs:
             if judged and tol is not None and by.get(SUBJECT) and by.get(ref):
                 row[f"vs {ref}"] = judge(verdicts.Seeds(tuple(by[SUBJECT])), verdicts.Seeds(tuple(by[ref])), ref, tol)
@@ -113,21 +135,25 @@ def _conformance(summary) -> str:
 def _figure1(summary) -> str:
     refs = summary.get("references", [])
     roles = [SUBJECT, *refs]
-    at = {}
+    at, loaded = {}, set()
     for m in summary.get("measures", []):
         at.setdefault(m["n"], {})[(m["measure"], m["role"])] = m["value"]
+        if _loaded(summary, m):
+            loaded.add((m["n"], m["measure"], m["role"]))
     if not at:
         return ""
     names = ("time per sample", "peak memory per sample", "kept for backward per sample")
     header = ["N"] + [f"{w}, {'ms' if w.startswith('time') else 'MB'} ({' · '.join(roles)})" for w in names]
 
     def cell(n, w):
-        return " · ".join("—" if at[n].get((w, r)) is None else num(at[n][(w, r)]) for r in roles)
+        return " · ".join("—" if at[n].get((w, r)) is None else _marked(num(at[n][(w, r)]), False, (n, w, r) in loaded)
+                          for r in roles)
     rows = [[f"{n:,}"] + [cell(n, w) for w in names] for n in sorted(at)]
     largest = {r: max((n for n in at if (names[0], r) in at[n]), default=None) for r in roles}
     reach = "; ".join(f"{r}: {largest[r]:,}" for r in roles if largest[r]) or "none"
+    note = f"\n\n{LOADED}" if loaded else ""
     return md_table(header, rows) + f"\n\nThe largest N measured (a point past its time or memory budget stops a " \
-                                    f"curve): {reach}."
+                                    f"curve): {reach}." + note
 
 
 def _measures(part, summary) -> str:
@@ -149,8 +175,7 @@ def _measures(part, summary) -> str:
         return f"{(sum(a) / len(a)) / (sum(b) / len(b)):.3g}x {ref}'s"
 
     def cell(row, role):
-        text = _cell(row["values"][role])
-        return f"{text} (extrapolated)" if text and role in row.get("extrapolated", ()) else text
+        return _marked(_cell(row["values"][role]), role in row.get("extrapolated", ()), role in row.get("loaded", ()))
     body = [[f"{r['measure']} ({r['unit']}{'' if r['lower_is_better'] else ', higher is better'})"]
             + [cell(r, x) for x in [SUBJECT, *refs]] + [verdict(r, ref) or ratio(r, ref) for ref in refs]
             for r in rows]
@@ -158,6 +183,8 @@ def _measures(part, summary) -> str:
     if part == "generation" and any(m.get("extrapolated") for m in summary.get("measures", [])):
         extra.append("(extrapolated): the generation passed its time budget; its total is extrapolated from the "
                      "positions measured (task=throughput).")
+    if any(r.get("loaded") for r in rows):
+        extra.append(LOADED)
     steps = sorted({m.get("steps") for m in summary.get("measures", []) if m.get("steps") is not None})
     if steps:
         extra.append(f"Updates trained: {', '.join(f'{s:,}' for s in steps)}.")
@@ -233,6 +260,7 @@ def build(card_dir, out_dir=None) -> str:
                  "n": len(v), "mean": verdicts.Seeds(tuple(v)).mean if v else None,
                  "sd": verdicts.Seeds(tuple(v)).sd if v else None, "values": json.dumps(v),
                  "lower_is_better": r["lower_is_better"], "extrapolated": role in r.get("extrapolated", ()),
+                 "loaded": role in r.get("loaded", ()),
                  **{k: v for ref in refs for k, v in zip((f"vs_{ref}", f"vs_{ref}_interval"), r.get(f"vs {ref}")
                                                          or (None, None))},
                  "smoke_test": quick, "commit": s.get("commit")}
@@ -384,7 +412,8 @@ def _card_table(ctx, folder: Path, df) -> str:
             f"commit `{commit}`, command {code(command(folder, ctx.root))}. Parts: {parts}.")
     table = md_table(["measure", name, *refs, *[f"vs {r}" for r in refs]], body)
     fig = f"![{name}: time and memory against N, and the judged measures]({ctx.rel(folder / FIGURE)})"
-    return "\n\n".join([head, line, table, fig])
+    note = LOADED if any("(loaded)" in str(c) for row in body for c in row[1:]) else ""
+    return "\n\n".join(x for x in [head, line, table, note, fig] if x)
 
 
 def _mean_cell(by, role) -> str | None:
@@ -392,7 +421,7 @@ def _mean_cell(by, role) -> str | None:
         return None
     r = by.loc[role]
     text = num(r["mean"]) if r["n"] == 1 else f"{num(r['mean'])} ± {r['sd']:.2g} ({int(r['n'])} seeds)"
-    return f"{text} (extrapolated)" if str(r.get("extrapolated")) == "True" else text
+    return _marked(text, str(r.get("extrapolated")) == "True", str(r.get("loaded")) == "True")
 
 
 def beyond(ctx) -> str:
