@@ -17,11 +17,11 @@ from repro.common.results import REPO
 GRACE_S = 60  # after SIGTERM, what a job has to checkpoint and write its last row before SIGKILL
 
 
-
 def finished_ok(job_file) -> bool:
     """A step's jobs/<name>.json says its job finished (status ok): not to be run, or resumed, again."""
     path = Path(job_file)
     return path.is_file() and json.loads(path.read_text()).get("status") == "ok"
+
 
 @dataclass
 class Job:

@@ -29,6 +29,7 @@ from repro.reproduction.report.marks import extrapolated
 from repro.reproduction.report.schema import Rows, Table, failed, read_json, read_rows, read_table
 from repro.reproduction.verdicts import (
     CONTRADICTED,
+    LEVEL,
     MEASURED,
     MIN_SEEDS,
     REPRODUCED,
@@ -36,6 +37,7 @@ from repro.reproduction.verdicts import (
     Seeds,
     below,
     reaches,
+    seed_slope,
     slopes,
     still_falling,
     welch,
@@ -371,9 +373,9 @@ def _slope_intervals(df) -> dict:
     out = {}
     for a, g in df[df.status == "ok"].dropna(subset=["time_per_sample_ms"]).groupby("attention"):
         if len(g) >= 3:
-            fit = stats.linregress(np.log(g.n.astype(float)), np.log(g.time_per_sample_ms.astype(float)))
-            half = stats.t.ppf(0.975, len(g) - 2) * fit.stderr
-            out[a] = (fit.slope - half, fit.slope + half)
+            slope, se = seed_slope(np.log(g.n.astype(float)), np.log(g.time_per_sample_ms.astype(float)))
+            half = stats.t.ppf(0.5 + LEVEL / 2, len(g) - 2) * se
+            out[a] = (slope - half, slope + half)
     return out
 
 

@@ -23,7 +23,7 @@ from repro.reproduction.report.format import (
     num,
     run_rows,
 )
-from repro.reproduction.report.marks import extrapolated, load_avg, loaded, marked
+from repro.reproduction.report.marks import extrapolated, load_avg, loaded, marked, names
 from repro.reproduction.report.schema import Rows, Table, failed, read_rows
 
 BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
@@ -128,8 +128,7 @@ def _cell(run: Run, ds, method, column) -> str:
     runs = [x for x in run.repeats.get((ds, method), []) if not failed(x.status) and pd.notna(x[column])]
     if len(runs) > 1:  # the same command run several times: their range, one rule for every such cell
         values = sorted(float(x[column]) for x in runs)
-        marks = [m for m, on in (("extrapolated", any(map(extrapolated, runs))), ("loaded", any(map(loaded, runs))))
-                 if on]
+        marks = names(any(map(extrapolated, runs)), any(map(loaded, runs)))
         return f"{num(values[0])}–{num(values[-1])} ({len(runs)} runs" + "".join(f", {m}" for m in marks) + ")"
     return marked(r[column], r) if pd.notna(r[column]) else "not measured"
 

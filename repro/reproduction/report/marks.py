@@ -30,7 +30,17 @@ def loaded(r) -> bool:
     return load is not None and cores is not None and load > cores
 
 
+def names(is_extrapolated: bool, is_loaded: bool) -> list[str]:
+    """The marks that apply, in the order every section prints them."""
+    return [m for m, on in (("extrapolated", is_extrapolated), ("loaded", is_loaded)) if on]
+
+
+def with_marks(text, is_extrapolated: bool, is_loaded: bool):
+    """`text (extrapolated, loaded)`, with the marks that apply; text unchanged when none does or it is empty."""
+    on = names(is_extrapolated, is_loaded)
+    return f"{text} ({', '.join(on)})" if text and on else text
+
+
 def marked(value, r) -> str:
     """A measured value, marked where it stands when the run was extrapolated or loaded."""
-    marks = [m for m, on in (("extrapolated", extrapolated(r)), ("loaded", loaded(r))) if on]
-    return num(float(value)) + (f" ({', '.join(marks)})" if marks else "")
+    return with_marks(num(float(value)), extrapolated(r), loaded(r))

@@ -84,11 +84,6 @@ def _loaded(summary, m) -> bool:
                                                        "device": summary.get("machine", "")})
 
 
-def _marked(text, *marks_on) -> str | None:
-    on = [name for name, is_on in zip(("extrapolated", "loaded"), marks_on) if is_on]
-    return f"{text} ({', '.join(on)})" if text and on else text
-
-
 def _group(summary) -> dict:
     """{(measure, cell, unit, lower_is_better, judged): {role: [values in seed order]}}."""
     out = {}
@@ -146,8 +141,8 @@ def _figure1(summary) -> str:
     header = ["N"] + [f"{w}, {'ms' if w.startswith('time') else 'MB'} ({' · '.join(roles)})" for w in names]
 
     def cell(n, w):
-        return " · ".join("—" if at[n].get((w, r)) is None else _marked(num(at[n][(w, r)]), False, (n, w, r) in loaded)
-                          for r in roles)
+        return " · ".join("—" if at[n].get((w, r)) is None
+                          else marks.with_marks(num(at[n][(w, r)]), False, (n, w, r) in loaded) for r in roles)
     rows = [[f"{n:,}"] + [cell(n, w) for w in names] for n in sorted(at)]
     largest = {r: max((n for n in at if (names[0], r) in at[n]), default=None) for r in roles}
     reach = "; ".join(f"{r}: {largest[r]:,}" for r in roles if largest[r]) or "none"
@@ -175,7 +170,8 @@ def _measures(part, summary) -> str:
         return f"{(sum(a) / len(a)) / (sum(b) / len(b)):.3g}x {ref}'s"
 
     def cell(row, role):
-        return _marked(_cell(row["values"][role]), role in row.get("extrapolated", ()), role in row.get("loaded", ()))
+        return marks.with_marks(_cell(row["values"][role]), role in row.get("extrapolated", ()),
+                                role in row.get("loaded", ()))
     body = [[f"{r['measure']} ({r['unit']}{'' if r['lower_is_better'] else ', higher is better'})"]
             + [cell(r, x) for x in [SUBJECT, *refs]] + [verdict(r, ref) or ratio(r, ref) for ref in refs]
             for r in rows]
@@ -412,7 +408,8 @@ def _card_table(ctx, folder: Path, df) -> str:
             f"commit `{commit}`, command {code(command(folder, ctx.root))}. Parts: {parts}.")
     table = md_table(["measure", name, *refs, *[f"vs {r}" for r in refs]], body)
     fig = f"![{name}: time and memory against N, and the judged measures]({ctx.rel(folder / FIGURE)})"
-    note = LOADED if any("(loaded)" in str(c) for row in body for c in row[1:]) else ""
+    shown = m[m.role.isin([SUBJECT, *refs])] if "loaded" in m else m.iloc[:0]
+    note = LOADED if shown.get("loaded", pd.Series(dtype=str)).astype(str).eq("True").any() else ""
     return "\n\n".join(x for x in [head, line, table, note, fig] if x)
 
 
@@ -421,7 +418,7 @@ def _mean_cell(by, role) -> str | None:
         return None
     r = by.loc[role]
     text = num(r["mean"]) if r["n"] == 1 else f"{num(r['mean'])} ± {r['sd']:.2g} ({int(r['n'])} seeds)"
-    return _marked(text, str(r.get("extrapolated")) == "True", str(r.get("loaded")) == "True")
+    return marks.with_marks(text, str(r.get("extrapolated")) == "True", str(r.get("loaded")) == "True")
 
 
 def beyond(ctx) -> str:
