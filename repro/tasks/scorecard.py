@@ -194,6 +194,16 @@ def run_py(argv: list[str], log: Path) -> int:
                               cwd=os.getcwd()).returncode
 
 
+def local(path: Path) -> str:
+    """`path` relative to the working directory when it lies in it, as the runs' folders are: a
+    card names no folder of the machine it ran on."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def launch(overrides: list[str], where: Path, log: Path) -> dict:
     """One `python run.py` run into `where`, unless it finished there before: {status, reason,
     dir, command, seconds, reused}. An interrupted training run continues from its checkpoint;
@@ -216,7 +226,7 @@ def launch(overrides: list[str], where: Path, log: Path) -> dict:
     rc = run_py(argv, log)
     seconds = time.perf_counter() - start
     result = {"status": OK if rc == 0 else FAILED, "reason": None if rc == 0 else _error_line(log, rc),
-              "dir": str(where), "command": command, "seconds": round(seconds, 1), "log": str(log)}
+              "dir": str(where), "command": command, "seconds": round(seconds, 1), "log": local(log)}
     if rc == 0:
         atomic_write(done, json_text(result) + "\n")
     print(f"    {result['status']} in {seconds:.0f} s" + (f": {result['reason']}" if rc else ""), flush=True)

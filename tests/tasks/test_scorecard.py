@@ -155,6 +155,33 @@ def test_card_verdicts_match_a_direct_welch_interval(tmp_path):
     assert not (tmp_path / "sweep" / "scorecard.md").exists()  # --out: written there, not into the sweep dir
 
 
+def test_a_published_card_names_its_folders_as_the_command_did(tmp_path):
+    """Published elsewhere, a card keeps the sweep folder and the runs' logs relative to the
+    directory the command ran in, not that machine's absolute paths; its page shows the figure."""
+    ran_in = tmp_path / "checkout"
+    sweep = ran_in / "multirun" / "scorecard" / "mine" / "pkg.Mine"
+    runs = [{"role": "attention", "seed": s, "status": "ok",
+             "dir": f"multirun/scorecard/mine/pkg.Mine.runs/copy/attention-N64-seed{s}",
+             "log": str(sweep / "copy" / "logs" / f"0{s}-attention-N64-seed{s}.log")} for s in range(3)]
+    runs.append({"role": "linear", "seed": 0, "status": "ok", "dir": "outputs/scorecard_refs/abc/x",
+                 "log": str(ran_in / "multirun" / "scorecard" / "other" / "pkg.Other" / "copy" / "logs" / "03.log")})
+    runs.append({"role": "softmax", "seed": 0, "status": "ok", "dir": "/elsewhere/y", "log": "/elsewhere/y.log"})
+    copy = part("copy", values("attention", "held-out loss", [0.05, 0.051, 0.052], cell="N = 64")
+                + values("linear", "held-out loss", [0.3, 0.31, 0.29], cell="N = 64"), runs=runs)
+    figure1 = part("figure1", [{"measure": "time per sample", "cell": "N = 512", "value": 1.0, "unit": "ms",
+                                "judged": False, "lower_is_better": True, "role": "attention", "seed": None,
+                                "n": 512}])
+    write_parts(sweep, copy, figure1)
+    text = card.build(sweep, tmp_path / "published")
+    assert "Folder: `multirun/scorecard/mine/pkg.Mine`" in text and str(tmp_path) not in text
+    logs = [r["log"] for r in json.loads((tmp_path / "published" / "scorecard_copy.json").read_text())["runs"]]
+    assert logs == [f"multirun/scorecard/mine/pkg.Mine/copy/logs/0{s}-attention-N64-seed{s}.log" for s in range(3)] \
+        + ["multirun/scorecard/other/pkg.Other/copy/logs/03.log", "/elsewhere/y.log"]  # outside it: as recorded
+    assert "](scorecard.png)" in text  # published into a new folder, the page still shows its figure
+    rebuilt = card.build(tmp_path / "published")  # rebuilt where it was published: the same page
+    assert rebuilt == text
+
+
 def test_worse_and_one_seed(tmp_path):
     worse = part("copy", values("attention", "held-out loss", [0.5, 0.51, 0.52])
                  + values("linear", "held-out loss", [0.1, 0.11, 0.12])

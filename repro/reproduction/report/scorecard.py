@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.common.results import atomic_write, rows_to_csv, save_figure
+from repro.common.results import atomic_write, json_text, rows_to_csv, save_figure
 from repro.reproduction import verdicts
 from repro.reproduction.report import marks
 from repro.reproduction.report.format import code, command, md_table, num
@@ -214,6 +214,7 @@ def build(card_dir, out_dir=None) -> str:
     card_dir = Path(card_dir)
     parts = load(card_dir)
     out_dir = Path(out_dir) if out_dir else card_dir
+    folder, ran_in = where_it_ran(parts, card_dir)
     any_part = next(iter(parts.values()))
     name, target = any_part.get("attention"), any_part.get("target")
     quick = any(s.get("quick") for s in parts.values())
@@ -230,7 +231,7 @@ def build(card_dir, out_dir=None) -> str:
                f"Command: `{_first(parts, 'command') or 'not recorded'}`  \n"
                f"Beside it: {' and '.join(refs)} at the same commit and settings"
                + (f" ({reused} of their {n_refs} runs reused from earlier cards)" if n_refs else "") + ".  \n"
-               f"Folder: `{card_dir}`")
+               f"Folder: `{folder}`")
     out.append(seeds_note(parts))
     out.append(md_table(["part", "status" + (" (smoke test)" if quick else "")],
                         [[p, _status(parts[p]) if p in parts else "not run yet"] for p in PARTS]))
@@ -240,7 +241,7 @@ def build(card_dir, out_dir=None) -> str:
                    else ""]
         body = _conformance(s) if part == "conformance" else _figure1(s) if part == "figure1" else \
             _measures(part, s)
-        if part == "figure1" and body and (out_dir / FIGURE).parent.is_dir():
+        if part == "figure1" and body:  # the figure is always written beside the page
             body += f"\n\n![time and memory against N; the judged measures]({FIGURE})"
         section.append(body)
         failed = [r for r in s.get("runs", []) if r.get("status") != "ok"]
@@ -268,15 +269,40 @@ def build(card_dir, out_dir=None) -> str:
     if out_dir.resolve() != card_dir.resolve():  # a published card keeps what it was built from: rebuildable there
         for stale in set(PARTS) - set(parts):  # a part an earlier card had and this one has not
             (out_dir / f"scorecard_{stale}.json").unlink(missing_ok=True)
-        for part in parts:
-            file = f"scorecard_{part}.json"
-            atomic_write(out_dir / file, (card_dir / file).read_text())
+        for part, summary in parts.items():
+            atomic_write(out_dir / f"scorecard_{part}.json", json_text(portable(summary, ran_in), indent=1) + "\n")
         if _first(parts, "command"):
             atomic_write(out_dir / "command.txt", _first(parts, "command") + "\n")
     save_figure(figure(parts, quick), out_dir / FIGURE)
     atomic_write(out_dir / TABLE, rows_to_csv(csv))
     atomic_write(out_dir / CARD, text)
     return text
+
+
+def where_it_ran(parts: dict, card_dir: Path) -> tuple[str, Path | None]:
+    """(the sweep folder as the command named it, the directory the command ran in, when
+    `card_dir` is still that folder there): read off the attention's own runs, which sit beside
+    the folder as <folder>.runs/<part>/."""
+    here = card_dir.resolve().parts
+    for r in (r for s in parts.values() for r in s.get("runs", []) if r.get("role") == SUBJECT):
+        beside = next((p for p in Path(r.get("dir") or "/").parents if p.name.endswith(".runs")), None)
+        if beside is not None:
+            folder = beside.with_name(beside.name.removesuffix(".runs"))
+            n = len(folder.parts)
+            return str(folder), Path(*here[:-n]) if here[-n:] == folder.parts and len(here) > n else None
+    return card_dir.name, None
+
+
+def portable(summary: dict, ran_in: Path | None) -> dict:
+    """A part summary to publish: each run's log relative to the directory its command ran in."""
+    def log(path):
+        if ran_in is None or not path or not Path(path).is_absolute():
+            return path
+        try:
+            return str(Path(path).relative_to(ran_in))
+        except ValueError:
+            return path
+    return {**summary, "runs": [{**r, "log": log(r.get("log"))} for r in summary.get("runs", [])]}
 
 
 def _label(r) -> str:
