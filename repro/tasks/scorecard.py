@@ -24,6 +24,10 @@ built from those at the sweep's end.
   adds a hash of its diff to the commit. A second card at the same commit and settings (another
   attention, or the same again) reads them; a card waits for another that is running the same
   reference.
+- Cards compare algorithms, not implementations: linear takes the fused C kernel on a CPU by
+  default, while most attentions' ops are plain PyTorch. The timed parts named in task.torch_path
+  also run linear on its PyTorch path (role linear-torch: attention=linear under REPRO_KERNEL=torch,
+  a reference like the others).
 """
 import fcntl
 import hashlib
@@ -56,6 +60,7 @@ from repro.conf.attention import attention_name, build_attention
 
 PARTS = ("conformance", "figure1", "copy", "mnist", "speech", "generation")
 SUBJECT = "attention"  # the role of the attention the card is for; the references' roles are their names
+TORCH_PATH, TORCH_ENV = "linear-torch", {"REPRO_KERNEL": "torch"}  # linear on its PyTorch path (task.torch_path)
 DONE = "scorecard_run.json"  # in a run's dir once it finished: what it ran and how long it took
 OK, FAILED, SKIPPED, STOPPED = "ok", "failed", "skipped", "stopped"
 
@@ -128,18 +133,28 @@ def plan(cfg, part: str, subject: list[str]) -> tuple[list[dict], str | None]:
             return [], "no recurrent form (no step): generation runs the recurrent form"
         if part == "speech" and have["bidirectional"] and not have["non_causal"]:
             subject = subject + ["++attention.bidirectional=true"]
-    roles = [(SUBJECT, subject)] + [(r, [f"attention={r}"] + [x for x in subject if _key(x) == "device"])
-                                     for r in ([] if part == "conformance" else t.references)]
+    device = [x for x in subject if _key(x) == "device"]
+    roles = [(SUBJECT, subject)] + [(r, [f"attention={'linear' if r == TORCH_PATH else r}"] + device)
+                                     for r in references(t, part)]
     if part == "generation":  # throughput runs named methods: the attention as one more, its settings per size
         roles = [(role, _generation(cfg, role, over)) for role, over in roles]
     cells = [(f"N = {n}", [f"task.max_len={n}"]) for n in t.copy_lengths] if part == "copy" else [(None, [])]
     seeds = list(t.seeds) if part in ("copy", "mnist", "speech") else [None]
-    return [{"role": role, "cell": cell, "seed": seed,
+    return [{"role": role, "cell": cell, "seed": seed, "env": TORCH_ENV if role == TORCH_PATH else {},
              "overrides": base + extra + over + ([f"seed={seed}"] if seed is not None else [])}
             for role, over in roles for cell, extra in cells for seed in seeds], None
 
 
-REF_METHODS = {"linear": "linear", "softmax": "stateful-softmax"}  # task=throughput's methods of the references
+def references(t, part: str) -> list[str]:
+    """The reference roles of a part: task.references, and linear-torch where the part is timed
+    (task.torch_path) and linear is a reference."""
+    if part == "conformance":
+        return []
+    return list(t.references) + ([TORCH_PATH] if part in t.torch_path and "linear" in t.references else [])
+
+
+# task=throughput's methods of the references
+REF_METHODS = {"linear": "linear", TORCH_PATH: "linear", "softmax": "stateful-softmax"}
 
 
 def _generation(cfg, role: str, over: list[str]) -> list[str]:
@@ -169,10 +184,10 @@ def machine() -> str:
     return device_name(torch.device("cpu")) if not torch.cuda.is_available() else torch.cuda.get_device_name()
 
 
-def reference_dir(cfg, overrides: list[str]) -> tuple[Path, dict]:
+def reference_dir(cfg, overrides: list[str], env: dict | None = None) -> tuple[Path, dict]:
     """Where a reference run lives, keyed by the commit and everything that changes its numbers."""
     key = {"commit": tree_state(), "overrides": overrides, "machine": machine(),
-           "env": {k: os.environ.get(k) for k in RECORDED_ENV}}
+           "env": {k: (env or {}).get(k, os.environ.get(k)) for k in RECORDED_ENV}}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cfg.task.refs_dir) / key["commit"] / digest, key
 
@@ -187,11 +202,12 @@ def _error_line(log: Path, rc: int) -> str:
     return f"exit status {rc}" + (f": {last}" if last else "")
 
 
-def run_py(argv: list[str], log: Path) -> int:
-    """`python run.py <argv>` in this working directory and environment, its output to `log`."""
+def run_py(argv: list[str], log: Path, env: dict | None = None) -> int:
+    """`python run.py <argv>` in this working directory and environment (`env` set on top), its
+    output to `log`."""
     with open(log, "w") as f:
         return subprocess.run([sys.executable, str(REPO / "run.py"), *argv], stdout=f, stderr=subprocess.STDOUT,
-                              cwd=os.getcwd()).returncode
+                              cwd=os.getcwd(), env={**os.environ, **(env or {})}).returncode
 
 
 def local(path: Path) -> str:
@@ -204,7 +220,7 @@ def local(path: Path) -> str:
         return str(path)
 
 
-def launch(overrides: list[str], where: Path, log: Path) -> dict:
+def launch(overrides: list[str], where: Path, log: Path, env: dict | None = None) -> dict:
     """One `python run.py` run into `where`, unless it finished there before: {status, reason,
     dir, command, seconds, reused}. An interrupted training run continues from its checkpoint;
     one that left rows and no checkpoint is set aside (<dir>.interrupted-<n>) and run again."""
@@ -219,11 +235,12 @@ def launch(overrides: list[str], where: Path, log: Path) -> dict:
         n = 1 + sum(1 for _ in where.parent.glob(f"{where.name}.interrupted-*"))
         where.rename(where.parent / f"{where.name}.interrupted-{n}")
     argv = [*overrides, *extra, f"hydra.run.dir={hydra_value(str(where))}"]
-    command = " ".join(["python", "run.py", *map(shlex.quote, argv)])
+    command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()), "python", "run.py",
+                        *map(shlex.quote, argv)])
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"  {command}\n    log: {log}", flush=True)
     start = time.perf_counter()
-    rc = run_py(argv, log)
+    rc = run_py(argv, log, env)
     seconds = time.perf_counter() - start
     result = {"status": OK if rc == 0 else FAILED, "reason": None if rc == 0 else _error_line(log, rc),
               "dir": str(where), "command": command, "seconds": round(seconds, 1), "log": local(log)}
@@ -233,15 +250,15 @@ def launch(overrides: list[str], where: Path, log: Path) -> dict:
     return {**result, "reused": False}
 
 
-def run_reference(cfg, overrides: list[str], log: Path) -> dict:
+def run_reference(cfg, overrides: list[str], log: Path, env: dict | None = None) -> dict:
     """A reference run from the cache, or run once into it (one card at a time per run: a card
     that finds another running it waits, then reads it)."""
-    where, key = reference_dir(cfg, overrides)
+    where, key = reference_dir(cfg, overrides, env)
     where.parent.mkdir(parents=True, exist_ok=True)
     with open(where.parent / f".{where.name}.lock", "a") as held:
         if not (where / DONE).is_file():
             fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes
-        result = launch(overrides, where, log)
+        result = launch(overrides, where, log, env)
     if result["status"] == OK and not (where / "key.json").is_file():
         atomic_write(where / "key.json", json_text(key, indent=1) + "\n")
     return result
@@ -346,7 +363,7 @@ def run(cfg) -> float:
     meta = {"task": "scorecard", "part": part, "attention": attention_name(cfg),
             "target": OmegaConf.select(cfg, "attention._target_", default=None), "quick": bool(t.quick),
             "label": "smoke test" if t.quick else None, "attention_overrides": subject,
-            "references": list(t.references), "seeds": list(t.seeds), "go_on": bool(t.go_on),
+            "references": references(t, part) or list(t.references), "seeds": list(t.seeds), "go_on": bool(t.go_on),
             "tolerance": OmegaConf.to_container(t.tolerance), "machine": machine(), "commit": git_sha(),
             "tree": tree_state(), "platform": platform.platform(), **provenance(_cpu())}
     summary = {**meta, "status": OK, "reason": None, "runs": [], "measures": [], "conformance": []}
@@ -372,7 +389,7 @@ def run(cfg) -> float:
             if r["role"] == SUBJECT:
                 result = launch(r["overrides"], Path(f"{card}.runs") / part / name, log)
             else:
-                result = run_reference(cfg, r["overrides"], log)
+                result = run_reference(cfg, r["overrides"], log, r["env"])
             r.update(result)
             summary["runs"].append(r)
             if result["status"] == OK:

@@ -72,7 +72,8 @@ def test_every_causal_attention_composes_the_card(name):
             if experiment == "scorecard" or name == "linear":  # the quick preset's runs: once
                 plans += [r["overrides"] for r in runs if r["role"] == scorecard.SUBJECT][:1]
             if part != "conformance" and runs:
-                assert {r["role"] for r in runs} == {scorecard.SUBJECT, "linear", "softmax"}
+                timed = {"linear-torch"} if part in ("figure1", "generation") else set()
+                assert {r["role"] for r in runs} == {scorecard.SUBJECT, "linear", "softmax"} | timed
     for overrides in plans:
         assert preflight(overrides) == overrides, overrides
 
@@ -86,6 +87,25 @@ def test_the_speech_part_runs_both_directions_or_says_why_not():
     cfg = composed("experiment=scorecard", "attention=lsh-4")
     runs, skip = scorecard.plan(cfg, "generation", ["attention=lsh-4"])
     assert runs == [] and "no recurrent form" in skip
+
+
+def test_the_timed_parts_run_linear_on_its_pytorch_path_too():
+    """Figure 1 and generation time linear twice: its default path and REPRO_KERNEL=torch (the
+    same overrides otherwise); the trained parts do not."""
+    cfg = composed("experiment=scorecard", "attention=delta")
+    for part in ("figure1", "generation"):
+        runs, _ = scorecard.plan(cfg, part, ["attention=delta"])
+        by = {r["role"]: r for r in runs}
+        assert by["linear-torch"]["overrides"] == by["linear"]["overrides"]
+        assert by["linear-torch"]["env"] == {"REPRO_KERNEL": "torch"} and by["linear"]["env"] == {}
+    runs, _ = scorecard.plan(cfg, "copy", ["attention=delta"])
+    assert "linear-torch" not in {r["role"] for r in runs}
+    with open_dict(cfg):
+        cfg.task.torch_path = []
+    assert "linear-torch" not in {r["role"] for r in scorecard.plan(cfg, "figure1", ["attention=delta"])[0]}
+    with open_dict(cfg):
+        cfg.task.torch_path, cfg.task.references = ["figure1"], ["softmax"]  # no linear: nothing to pair it with
+    assert "linear-torch" not in {r["role"] for r in scorecard.plan(cfg, "figure1", ["attention=delta"])[0]}
 
 
 # ----------------------------------------------------------------------------- the card from hand-made parts
@@ -241,7 +261,7 @@ def test_a_folder_without_parts_is_one_line(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- the parts, run in process
 
-FAKE_LOSS = {"attention": 0.05, "linear": 0.3, "softmax": 0.04}
+FAKE_LOSS = {"attention": 0.05, "linear": 0.3, "linear-torch": 0.3, "softmax": 0.04}
 
 
 class FakeRunPy:
@@ -252,10 +272,10 @@ class FakeRunPy:
     def __init__(self, broken=()):
         self.calls, self.broken = [], set(broken)
 
-    def __call__(self, argv, log):
+    def __call__(self, argv, log, env=None):
         args = dict(a.split("=", 1) for a in argv if "=" in a)
         where = Path(args["hydra.run.dir"])
-        attention = args.get("attention", "?")
+        attention = args.get("attention", "?") + ("-torch" if (env or {}).get("REPRO_KERNEL") == "torch" else "")
         self.calls.append(attention)
         if attention in self.broken:
             log.write_text("Traceback (most recent call last):\n  File x\nerror: the run diverged: loss nan at step 3")
@@ -266,7 +286,10 @@ class FakeRunPy:
         final = {"kind": "final", "steps": 10, "eval_loss": FAKE_LOSS[role] + 0.001 * seed, "eval_accuracy": 0.9,
                  "eval_bits_per_dim": 1 + FAKE_LOSS[role], "time_per_step_ms": 5.0}
         summary = {"kind": "summary", "steps": 10, "valid_per": 0.2 + FAKE_LOSS[role], "time_per_epoch_s": 3.0}
-        results.write_jsonl(where / "results.jsonl", [final, summary])
+        ms = {"attention": 40.0, "linear": 10.0, "linear-torch": 20.0, "softmax": 30.0}[role]
+        points = [{"task": "benchmark", "status": "ok", "n": n, "time_per_sample_ms": ms * n / 512,
+                   "mem_per_sample_mb": 1.0, "saved_per_sample_mb": 0.5} for n in (512, 1024)]
+        results.write_jsonl(where / "results.jsonl", [final, summary, *points])
         return 0
 
 
@@ -330,6 +353,37 @@ def test_references_are_reused_by_a_second_card(tmp_path, monkeypatch, fake_run)
     fake.calls.clear()
     run_part(third, "copy")
     assert sorted(fake.calls) == ["linear"] * 2 + ["retention"] * 2 + ["softmax"] * 2
+
+
+def test_linear_on_its_pytorch_path_is_a_reference_of_its_own(tmp_path, monkeypatch, fake_run):
+    """linear-torch runs under REPRO_KERNEL=torch (its command says so), is cached apart from
+    linear, and the card shows it beside linear with the attention's ratio to each."""
+    fake = FakeRunPy()
+    monkeypatch.setattr(scorecard, "run_py", fake)
+    monkeypatch.delenv("REPRO_KERNEL", raising=False)
+    cfg = card_config(tmp_path)
+    run_part(cfg, "figure1")
+    assert sorted(fake.calls) == ["linear", "linear-torch", "retention", "softmax"]
+    keys = [json.loads(p.read_text()) for p in (tmp_path / "refs" / "c0ffee").glob("*/key.json")]
+    assert sorted(k["env"]["REPRO_KERNEL"] or "" for k in keys) == ["", "", "torch"]
+    summary = json.loads((tmp_path / "sweep" / "scorecard_figure1.json").read_text())
+    assert summary["references"] == ["linear", "softmax", "linear-torch"]
+    torch_run = next(r for r in summary["runs"] if r["role"] == "linear-torch")
+    assert torch_run["command"].startswith("REPRO_KERNEL=torch python run.py ") and "attention=linear " in \
+        torch_run["command"]
+    text = card.build(tmp_path / "sweep")
+    assert "time per sample, ms (attention · linear · softmax · linear-torch)" in text
+    assert "| 1,024 | 80 · 20 · 60 · 40 |" in text  # each role's own time at that N
+    assert "also linear-torch, linear on its PyTorch path (REPRO_KERNEL=torch)" in text
+    csv = pd.read_csv(tmp_path / "sweep" / "scorecard.csv")
+    mine = csv[(csv.role == "attention") & (csv.measure == "time per sample, N = 1,024")]
+    assert set(csv.role.dropna()) == {"attention", "linear", "softmax", "linear-torch"} and len(mine) == 1
+    # a second card reads both linear runs from the cache
+    fake.calls.clear()
+    with open_dict(cfg):
+        cfg.run_dir = str(tmp_path / "sweep2")
+    run_part(cfg, "figure1")
+    assert fake.calls == ["retention"]
 
 
 def test_a_failed_part_is_recorded_and_the_others_go_on(tmp_path, monkeypatch, fake_run):

@@ -29,6 +29,7 @@ TITLES = {"conformance": "Conformance", "figure1": "Figure 1: time and memory of
           "copy": "The copy task", "mnist": "MNIST bits/dim", "speech": "Speech recognition (the attention as "
           "the encoder's)", "generation": "Generation (the recurrent form)"}
 SUBJECT = "attention"
+TORCH_PATH = "linear-torch"  # linear on its PyTorch path, beside its fused kernel (task.torch_path)
 CARD, FIGURE, TABLE = "scorecard.md", "scorecard.png", "scorecard.csv"
 
 
@@ -196,6 +197,17 @@ def _first(parts, key):
     return next((s.get(key) for s in parts.values() if s.get(key)), None)
 
 
+def commits(parts) -> str:
+    """The card's commit; where parts were run again at another, each commit with its parts (a
+    part's attention and references always share one)."""
+    by = {}
+    for p, s in parts.items():
+        by.setdefault(s.get("commit") or "not recorded", []).append(p)
+    if len(by) == 1:
+        return f"`{next(iter(by))}`"
+    return "; ".join(f"`{c}` ({', '.join(ps)})" for c, ps in by.items())
+
+
 def seeds_note(parts) -> str:
     n = max((len(s.get("seeds", [])) for s in parts.values()), default=0)
     if n < 2:
@@ -218,7 +230,8 @@ def build(card_dir, out_dir=None) -> str:
     any_part = next(iter(parts.values()))
     name, target = any_part.get("attention"), any_part.get("target")
     quick = any(s.get("quick") for s in parts.values())
-    refs = any_part.get("references", [])
+    refs = [r for r in any_part.get("references", []) if r != TORCH_PATH]
+    timed = [p for p, s in parts.items() if TORCH_PATH in s.get("references", [])]
     runs = [r for s in parts.values() for r in s.get("runs", [])]
     reused = sum(bool(r.get("reused")) for r in runs if r.get("role") != SUBJECT)
     n_refs = sum(r.get("role") != SUBJECT for r in runs)
@@ -227,10 +240,13 @@ def build(card_dir, out_dir=None) -> str:
         out.append("**A smoke test** (experiment=scorecard_quick): one seed, short runs, small sizes. Its numbers "
                    "show that every part runs, not how good the attention is; `experiment=scorecard` makes the card.")
     out.append(f"Machine: {_first(parts, 'machine') or 'not recorded'}  \n"
-               f"Commit: `{_first(parts, 'commit') or 'not recorded'}`  \n"
+               f"Commit: {commits(parts)}  \n"
                f"Command: `{_first(parts, 'command') or 'not recorded'}`  \n"
                f"Beside it: {' and '.join(refs)} at the same commit and settings"
-               + (f" ({reused} of their {n_refs} runs reused from earlier cards)" if n_refs else "") + ".  \n"
+               + (f" ({reused} of their {n_refs} runs reused from earlier cards)" if n_refs else "")
+               + (f"; in {' and '.join(timed)} also {TORCH_PATH}, linear on its PyTorch path (REPRO_KERNEL=torch), "
+                  "the same kind of code as most attentions' ops, where linear itself takes a fused kernel"
+                  if timed else "") + ".  \n"
                f"Folder: `{folder}`")
     out.append(seeds_note(parts))
     out.append(md_table(["part", "status" + (" (smoke test)" if quick else "")],
@@ -320,7 +336,7 @@ def figure(parts, quick: bool):
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     f1 = parts.get("figure1", {})
-    roles = [SUBJECT, *next(iter(parts.values())).get("references", [])]
+    roles = list(dict.fromkeys([SUBJECT, *(r for s in parts.values() for r in s.get("references", []))]))
     for ax, (measures, ylabel) in zip(axes[:2], [(("time per sample",), "time per sample (ms)"),
                                                  (("peak memory per sample", "kept for backward per sample"),
                                                   "memory per sample (MB); dashed: kept for backward")]):
@@ -385,8 +401,10 @@ BEYOND = (
     "(`python run.py -m experiment=scorecard attention=<name>`, docs/extending.md) beside linear and softmax at the "
     "same commit and settings; no table of the paper has them. Below, each card's measures: a judged one with its "
     "verdict and Welch's 95 % interval, the others as the ratio of the means; the card's own page has the rest "
-    "(conformance, every Figure 1 point, the runs' commands). Figure 1's rows are its largest N that all three "
-    "reached.")
+    "(conformance, every Figure 1 point, the runs' commands). Figure 1's rows are its largest N that every "
+    "attention of the card reached. Where a card has linear-torch, linear ran its timed parts on its PyTorch path "
+    "too (REPRO_KERNEL=torch), the same kind of code as the successors' ops: linear's own column is its fused "
+    "kernel.")
 
 
 def _largest_common_point(m):
@@ -408,7 +426,7 @@ def _card_table(ctx, folder: Path, df) -> str:
     status = df[df.measure == "status"]
     m = df[df.measure != "status"]
     m = pd.concat([m[m.part != "figure1"], _largest_common_point(m)])
-    refs = [r for r in ("linear", "softmax") if r in set(m.role)]
+    refs = [r for r in ("linear", "softmax", TORCH_PATH) if r in set(m.role)]
     body = []
     for (part, measure), rows in m.groupby(["part", "measure"], sort=False):
         by = rows.set_index("role")
@@ -428,10 +446,11 @@ def _card_table(ctx, folder: Path, df) -> str:
                 verdict.append(None)
         body.append([f"{part}: {measure} ({unit})", *cells, *verdict])
     parts = ", ".join(f"{r.part} {r['values']}" for _, r in status.iterrows())
-    commit = next(iter(df.commit.dropna()), None) if "commit" in df else None
+    commit = commits({r.part: {"commit": r.get("commit") if pd.notna(r.get("commit")) else None}
+                      for _, r in status.iterrows()})
     head = f"### {name}" + (" (smoke test: one seed, short runs)" if smoke else "")
     line = (f"The card: [{folder.relative_to(ctx.root).as_posix()}/{CARD}]({ctx.rel(folder / CARD)}), "
-            f"commit `{commit}`, command {code(command(folder, ctx.root))}. Parts: {parts}.")
+            f"commit {commit}, command {code(command(folder, ctx.root))}. Parts: {parts}.")
     table = md_table(["measure", name, *refs, *[f"vs {r}" for r in refs]], body)
     fig = f"![{name}: time and memory against N, and the judged measures]({ctx.rel(folder / FIGURE)})"
     shown = m[m.role.isin([SUBJECT, *refs])] if "loaded" in m else m.iloc[:0]

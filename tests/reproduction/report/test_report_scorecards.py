@@ -92,3 +92,20 @@ def test_no_card_named_no_section(tmp_path):
     root = tmp_path / "results"
     write_manifest(root)
     assert sections(root, root / "REPORT.md")["scorecards"] == ""
+
+
+def test_a_card_continued_at_another_commit_names_each_parts_commit(tmp_path):
+    """Parts run again at a later commit (each with its references there): the card and the
+    section name every commit with its parts, never one commit for all."""
+    copy = part("copy", values("attention", "held-out loss", [0.1, 0.11, 0.12], cell="N = 64")
+                + values("linear", "held-out loss", [0.3, 0.31, 0.32], cell="N = 64"))
+    figure1 = part("figure1", figure1_points("attention", {1024: 8.0}) + figure1_points("linear", {1024: 4.0}),
+                   seeds=(), commit="def456")
+    write_parts(tmp_path / "sweep", copy, figure1)
+    text = card.build(tmp_path / "sweep", tmp_path / "results" / "scorecards" / "mine")
+    assert "Commit: `def456` (figure1); `abc123` (copy)" in text
+    root = tmp_path / "results"
+    write_manifest(root, scorecards=["scorecards/mine"])
+    assert "commit `def456` (figure1); `abc123` (copy), command" in sections(root, root / "REPORT.md")["scorecards"]
+    write_parts(tmp_path / "sweep", {**figure1, "commit": "abc123"})
+    assert "Commit: `abc123`  \n" in card.build(tmp_path / "sweep")
