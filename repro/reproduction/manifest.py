@@ -43,14 +43,13 @@ CLAIMS = {
     "gpu_mnist": "a GPU's training step of the paper's MNIST model (bpd_final.csv)",
 }
 
-# what each section of the report takes: one folder, folders, files, or columns (one run at one batch)
-FOLDER, FOLDERS, FILES, COLUMNS = "a folder", "a list of folders", "a list of files", "a list of columns"
+# what each section of the report takes: folders, files, or columns (one run at one batch)
+FOLDERS, FILES, COLUMNS = "a list of folders", "a list of files", "a list of columns"
 COLUMN_KEYS = ("folder", "batch", "quiet")  # {folder, batch[, quiet: true]}: the header says "quiet run"
 REPORT = {
     "figure1": FOLDERS, "figure2": FOLDERS, "fidelity": FOLDERS,
     "tables_1_2": {"bits_per_dim": FOLDERS, "images_per_s": COLUMNS, "bpd_vs_time": FOLDERS},
     "table_4": COLUMNS, "table_5": COLUMNS, "table_3": FOLDERS,
-    "successors": {"copy": FOLDERS, "softmax_128": FOLDER, "mnist": FOLDER, "speed": FOLDER, "speech": FOLDER},
     "memory": FOLDERS, "kernels": FOLDERS, "cpu_speed": FILES, "gpu_runs": FOLDERS, "others": FOLDERS,
 }
 NOT_READ = ("others",)  # listed with their commands; no number of theirs is shown
@@ -90,10 +89,6 @@ class Manifest:
             return list(dict.fromkeys(p for k in value for p in self.paths(section, k)))
         items = [value] if isinstance(value, str) else value or []
         return list(dict.fromkeys(self.root / (v["folder"] if isinstance(v, dict) else v) for v in items))
-
-    def folder(self, section: str, part: str) -> Path | None:
-        found = self.paths(section, part)
-        return found[0] if found else None
 
     def columns(self, section: str, part: str | None = None) -> list[Column]:
         return [Column(self.root / c["folder"], int(c["batch"]), bool(c.get("quiet", False)))
@@ -154,8 +149,6 @@ def check(root: Path, data, where: str) -> Manifest:
         return str(rel)
 
     def shaped(value, shape, key):
-        if shape == FOLDER:
-            return path(value, key)
         if not isinstance(value, list):
             fail(key, f"{value!r}: {shape} is needed")
         if shape == COLUMNS:

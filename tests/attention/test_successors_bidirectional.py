@@ -145,7 +145,7 @@ def test_the_option_is_refused_where_there_is_a_non_causal_form():
 def test_the_speech_task_accepts_every_successor_encoder(compose_cfg, encoder):
     from repro.cli.validate import validate
 
-    validate(compose_cfg("experiment=asr_successors_cpu", f"encoder={encoder}"))
+    validate(compose_cfg("experiment=asr_table_cpu", f"encoder={encoder}"))
 
 
 @pytest.mark.parametrize("name", ["gla", "delta"])
@@ -154,5 +154,5 @@ def test_the_speech_task_refuses_a_causal_only_attention_without_the_option(comp
 
     with pytest.raises(ConfigError, match=f"attention {name} is causal only and task=asr is non-causal; .*"
                                           r"retention, or attention.bidirectional=true") as err:
-        validate(compose_cfg("experiment=asr_successors_cpu", f"encoder={name}", "attention.bidirectional=false"))
+        validate(compose_cfg("experiment=asr_table_cpu", f"encoder={name}", "attention.bidirectional=false"))
     assert "\n" not in str(err.value)

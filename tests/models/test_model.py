@@ -211,13 +211,16 @@ def test_throughput_compile_settings_fail_in_one_line(compose_cfg, tmp_path):
         throughput.run(compose_cfg(*base, "+task.methods.softmax.graph=true"))
 
 
-def test_throughput_runs_only_the_methods_a_preset_names(compose_cfg, tmp_path):
-    """experiment=throughput_successors_cpu adds the successors' recurrent twins and runs only the
-    methods it names (task.run_methods), not every default one; a label that is not a method is one line."""
+def test_throughput_runs_only_the_methods_run_methods_names(compose_cfg, tmp_path):
+    """Methods added on the command line (the successors' recurrent twins) run, and only those
+    task.run_methods names, not every default one; a label that is not a method is one line."""
     from repro.common.errors import ConfigError
     from repro.common.results import read_jsonl
     from repro.tasks import throughput
-    base = ("experiment=throughput_successors_cpu", "model=tiny", "task.batches=[1]", "task.time_budget_s=0.2",
+    base = ("task=throughput", "task.sizes=[mnist]", *[f"+task.methods.{a}={{attention: {a}, mode: recurrent}}"
+                                                       for a in ("retention", "gla", "delta")],
+            "task.run_methods=[linear,stateful-softmax,retention,gla,delta]",
+            "model=tiny", "task.batches=[1]", "task.time_budget_s=0.2",
             "task.probes=2", "task.publish=null", f"+run_dir={tmp_path}")
     throughput.run(compose_cfg(*base))
     rows = {r["method"]: r for r in read_jsonl(tmp_path / "results.jsonl")}

@@ -218,7 +218,7 @@ def test_a_folder_that_cannot_answer_its_part_is_one_line(tmp_path):
             ({"table_3": ["images/a"]}, "report.table_3: images/a holds no table of PER per model"),
             ({"kernels": ["images/a"]}, "report.kernels: images/a holds no bench.csv or kernels.csv"),
             ({"memory": ["images/a"]}, "report.memory: images/a holds no model_memory.csv"),
-            ({"successors": {"mnist": "throughput/t"}}, "report.successors.mnist: throughput/t holds no bpd_final.csv"),
+            ({"scorecards": ["throughput/t"]}, "report.scorecards: throughput/t holds no scorecard.csv"),
             ({"gpu_runs": ["images/a"]}, "report.gpu_runs[0]: images/a holds no step of python -m repro.reproduce_gpu"),
     ):
         write_manifest(tmp_path, **report)
@@ -232,7 +232,7 @@ def test_accessors_keep_the_manifests_order(tmp_path):
     named = manifest.check(tmp_path, _with(**{"report.figure2": ["copy/b", "copy/a"]}), "claims.yaml")
     assert named.paths("figure2") == [tmp_path / "copy/b", tmp_path / "copy/a"]
     assert named.columns("table_5") == [manifest.Column(tmp_path / "throughput/t", 1)]
-    assert named.folder("successors", "mnist") is None and named.claim("mnist") is None
+    assert named.paths("scorecards") == [] and named.claim("mnist") is None
     assert named.read() == [tmp_path / "copy/b", tmp_path / "copy/a", tmp_path / "throughput/t"]
 
 

@@ -34,7 +34,7 @@ declared column or a manifest that does not say what it must stops it with one l
 a failed run (schema.failed) is shown as failed, never as a result.
 
 One module per part of REPORT.md (claims, figure1, figure2, fidelity, images, speech, kernels,
-cpu_speed, gpu_runs, memory, successors), each declaring the tables it reads (its TABLES, checked on load by
+cpu_speed, gpu_runs, memory, scorecard), each declaring the tables it reads (its TABLES, checked on load by
 schema.py) and taking its folders from the manifest (ctx.tables); format.py holds what they share
 and build.py puts them together.
 """
