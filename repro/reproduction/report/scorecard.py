@@ -231,7 +231,7 @@ def build(card_dir, out_dir=None) -> str:
     name, target = any_part.get("attention"), any_part.get("target")
     quick = any(s.get("quick") for s in parts.values())
     refs = [r for r in any_part.get("references", []) if r != TORCH_PATH]
-    timed = [p for p, s in parts.items() if TORCH_PATH in s.get("references", [])]
+    timed = [p for p, s in parts.items() if any(r.get("role") == TORCH_PATH for r in s.get("runs", []))]
     runs = [r for s in parts.values() for r in s.get("runs", [])]
     reused = sum(bool(r.get("reused")) for r in runs if r.get("role") != SUBJECT)
     n_refs = sum(r.get("role") != SUBJECT for r in runs)
