@@ -168,6 +168,13 @@ COMMAND_ENV = "REPRO_COMMAND"  # run.py puts its command line here; every row it
 RECORDED_ENV = ("OMP_NUM_THREADS", "REPRO_KERNEL")  # settings from the environment that change results
 
 
+def run_load(row) -> float | None:
+    """The 1-minute load average over a timed row's run (the larger of the loadavg_1min_start and
+    _end it recorded), or None where it recorded neither (a dict or a table row; NaN is unrecorded)."""
+    vals = [float(v) for v in (row.get("loadavg_1min_start"), row.get("loadavg_1min_end")) if v is not None and v == v]
+    return max(vals) if vals else None
+
+
 def run_command(argv: list[str], world_size: int = 1) -> str:
     """The command line of a run.py process as the user typed it (argv without the program, before
     run.py adds to it), with the environment settings that change its results."""

@@ -53,6 +53,7 @@ from repro.common.results import (
     json_text,
     provenance,
     read_jsonl,
+    run_load,
     write_jsonl,
 )
 from repro.conf import in_multirun, run_dir
@@ -272,10 +273,10 @@ def _rows(d) -> list[dict]:
 
 
 def _load(r: dict) -> dict:
-    """A timed row's 1-minute load average over its run (the larger of start and end), where recorded:
-    the card marks a time measured while the machine had more runnable processes than cores."""
-    vals = [r[k] for k in ("loadavg_1min_start", "loadavg_1min_end") if r.get(k) is not None]
-    return {"load": max(vals)} if vals else {}
+    """A timed row's load over its run, where recorded: the card marks a time measured while the
+    machine had more runnable processes than cores."""
+    load = run_load(r)
+    return {"load": load} if load is not None else {}
 
 
 def measures(part: str, run: dict) -> list[dict]:

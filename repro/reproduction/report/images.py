@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro.common import paper
+from repro.common.results import run_load
 from repro.reproduction.manifest import ManifestError
 from repro.reproduction.report.format import (
     code,
@@ -23,7 +24,7 @@ from repro.reproduction.report.format import (
     num,
     run_rows,
 )
-from repro.reproduction.report.marks import extrapolated, load_avg, loaded, marked, names
+from repro.reproduction.report.marks import extrapolated, loaded, marked, names
 from repro.reproduction.report.schema import Rows, Table, failed, read_rows
 
 BPD_COLUMNS = ("bits_per_dim", "eval_bits_per_dim", "test_bits_per_dim")
@@ -146,7 +147,7 @@ def _run_note(run: Run, quantity, root) -> str | None:
     n_runs = max((len(every) for every in run.repeats.values()), default=1)
     device = "; ".join(dict.fromkeys(str(r.get("device", "")) for r in rows if str(r.get("device", ""))))
     shas = ", ".join(dict.fromkeys(str(r["git_sha"])[:7] for r in rows if pd.notna(r.get("git_sha"))))
-    loads = [v for v in map(load_avg, rows) if v is not None]
+    loads = [v for v in map(run_load, rows) if v is not None]
     load = f", 1-min load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     runs = "one run" if n_runs == 1 else f"{n_runs} runs of one command (a cell they all measured: their range)"
     note = (f"{_header(quantity, run)[0].upper()}{_header(quantity, run)[1:]}: {runs}, "

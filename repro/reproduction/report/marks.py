@@ -4,19 +4,12 @@ cores while it ran (its wall-clock values are inflated). Every section that prin
 these marks from the run's rows here."""
 import re
 
-import pandas as pd
-
+from repro.common.results import run_load
 from repro.reproduction.report.format import num
 
 
 def extrapolated(r) -> bool:
     return str(r.get("extrapolated", "")).lower() == "true"
-
-
-def load_avg(r) -> float | None:
-    """The 1-minute load average over the run of row `r` (the larger of start and end), if recorded."""
-    vals = [float(r[c]) for c in ("loadavg_1min_start", "loadavg_1min_end") if c in r and pd.notna(r[c])]
-    return max(vals) if vals else None
 
 
 def _cores(device: str) -> int | None:
@@ -26,7 +19,7 @@ def _cores(device: str) -> int | None:
 
 def loaded(r) -> bool:
     """More runnable processes than cores while it ran: its wall-clock values are inflated."""
-    load, cores = load_avg(r), _cores(r.get("device", ""))
+    load, cores = run_load(r), _cores(r.get("device", ""))
     return load is not None and cores is not None and load > cores
 
 

@@ -10,7 +10,7 @@ import pytest
 from report_manifest import write_manifest
 
 from repro.common import paper
-from repro.common.results import REPO
+from repro.common.results import REPO, run_load
 from repro.reproduction.report import build, main
 
 CPU, GPU = "AMD EPYC (2 cores, 1 threads)", "NVIDIA H100 80GB HBM3"
@@ -842,8 +842,8 @@ def test_marks_read_load_and_extrapolation_from_a_runs_row():
     from repro.reproduction.report import marks
     row = {"device": "AMD EPYC (2 cores, 1 threads)", "loadavg_1min_start": 1.5, "loadavg_1min_end": 2.5,
            "extrapolated": "True"}
-    assert marks.load_avg(row) == 2.5 and marks.loaded(row) and marks.extrapolated(row)
+    assert run_load(row) == 2.5 and marks.loaded(row) and marks.extrapolated(row)
     assert marks.marked(3.0, row) == "3 (extrapolated, loaded)"
     quiet = {**row, "loadavg_1min_end": float("nan"), "extrapolated": False}
-    assert marks.load_avg(quiet) == 1.5 and not marks.loaded(quiet) and marks.marked(3.0, quiet) == "3"
+    assert run_load(quiet) == 1.5 and not marks.loaded(quiet) and marks.marked(3.0, quiet) == "3"
     assert not marks.loaded({**row, "device": "NVIDIA H100 80GB HBM3"})  # no core count: never judged loaded
