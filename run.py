@@ -3,12 +3,19 @@ import os
 import signal
 import sys
 
+_stopped_by: list[int] = []  # the signal _stop_at_once acted on
+
 
 def _stop_at_once(signum, _frame):
     """SIGINT/SIGTERM outside the training loop (start-up, data loading, a benchmark, the summaries:
     the loop's own handlers checkpoint first): one line and the shell's status, no traceback. Set
     for SIGINT too when the process started with it ignored (a background job): it was sent on
-    purpose (repro.training.stopping does the same inside the loop)."""
+    purpose (repro.training.stopping does the same inside the loop). The SystemExit lands in whatever
+    code runs, and some (OmegaConf's flag_override) fail in their `finally` on what it left half-built:
+    that error is the stop's, and `main` and the end of this file exit as the stop, quietly."""
+    if _stopped_by:  # a second signal while unwinding from the first
+        raise SystemExit(128 + _stopped_by[0])
+    _stopped_by.append(signum)
     name = signal.Signals(signum).name
     tqdm = sys.modules.get("tqdm")
     for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
@@ -45,6 +52,8 @@ def main(cfg: DictConfig):
             jobs.fail_if_diverged()  # a non-finite loss: the task wrote its summaries; the job fails
             return result
         except Exception as err:  # jobs.job_failed re-raises what is not the user's to fix
+            if _stopped_by:  # broken by the stop's SystemExit (see _stop_at_once): the stop's line is out
+                raise SystemExit(128 + _stopped_by[0]) from None
             return jobs.job_failed(err)
 
 
@@ -81,6 +90,10 @@ if __name__ == "__main__":
             sys.exit(2)
     try:
         main()
+    except BaseException:
+        if not _stopped_by:
+            raise
+        sys.exit(128 + _stopped_by[0])  # whatever Hydra made of the stop, it exits as the stop
     finally:
         distributed.cleanup()
     if jobs.failed_jobs or jobs.summary_error:  # a sweep that went on past failed jobs (listed at its end), or

@@ -81,3 +81,26 @@ def test_a_signal_outside_the_training_loop_stops_with_one_line(tmp_path):
         assert procs[name].returncode == 128 + sig, err[-2000:]
         assert "Traceback" not in err and err.strip().splitlines()[-1] == (
             f"error: stopped by {sig.name} outside the training loop (no checkpoint written at this point)"), err
+
+
+def test_an_error_raised_while_unwinding_from_the_stop_exits_as_the_stop(tmp_path):
+    """The stop's SystemExit lands in whatever code runs; code whose `finally` then fails on what it
+    left half-built (OmegaConf's flag_override did, mid-merge) used to turn the stop into a failed
+    job: Hydra's report of that error and status 1. The run now exits as the stop, with its one line."""
+    (tmp_path / "stop_task.py").write_text(
+        "import os, signal, time\n\n"
+        "def run(cfg):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(60)\n"
+        "    finally:\n"
+        "        raise RuntimeError('broken while unwinding')\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "run.py", "experiment=smoke_benchmark", "task._target_=stop_task.run",
+         f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: stopped by SIGINT outside the training loop (no checkpoint written at this point)"), proc.stderr
+    assert "broken while unwinding" not in proc.stderr and "Traceback" not in proc.stderr
