@@ -5,6 +5,13 @@ import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 
+# pytest -n: the workers share the cores. torch's default (a thread per core) in each worker left the
+# workers' threads waiting on one another: the kernel and memory tests took 61-71 s on 2 workers and 2
+# cores, 41 s with a thread per worker. Tests of threading set their own count.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 
 @pytest.fixture
 def compose_cfg():
