@@ -2,8 +2,8 @@
 on their library, fast-transformers), at the same CPU-sized settings:
 
     OMP_NUM_THREADS=1 python -m repro.reproduction.fidelity --task copy \\
-        --authors /work/authors/linear-transformer-experiments \\
-        --authors-python /work/authors/venv/bin/python --runs 3 --out results/fidelity/copy_cpu
+        --authors $AUTHORS/linear-transformer-experiments \\
+        --authors-python $AUTHORS/venv/bin/python --runs 3 --out results/fidelity/copy_cpu
 
 Ours runs through run.py with the overrides that match (experiment=paper_authors: their optimizer,
 input embedding and attention dropout); theirs through their script's own command line, under
