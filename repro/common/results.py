@@ -175,10 +175,12 @@ def run_load(row) -> float | None:
     return max(vals) if vals else None
 
 
-def run_command(argv: list[str], world_size: int = 1) -> str:
+def run_command(argv: list[str], world_size: int = 1, env: dict | None = None) -> str:
     """The command line of a run.py process as the user typed it (argv without the program, before
-    run.py adds to it), with the environment settings that change its results."""
-    env = [f"{k}={shlex.quote(os.environ[k])}" for k in RECORDED_ENV if os.environ.get(k)]
+    run.py adds to it), with the environment settings that change its results: this process's, or
+    `env` for a run that another starts with those settings alone."""
+    pairs = env.items() if env is not None else ((k, os.environ[k]) for k in RECORDED_ENV if os.environ.get(k))
+    env = [f"{k}={shlex.quote(v)}" for k, v in pairs]
     start = ["python", "run.py"] if world_size <= 1 else ["torchrun", f"--nproc_per_node={world_size}", "run.py"]
     return " ".join([*env, *start, *map(shlex.quote, argv)])
 

@@ -35,7 +35,6 @@ import json
 import os
 import platform
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -53,6 +52,7 @@ from repro.common.results import (
     json_text,
     provenance,
     read_jsonl,
+    run_command,
     run_load,
     write_jsonl,
 )
@@ -236,8 +236,7 @@ def launch(overrides: list[str], where: Path, log: Path, env: dict | None = None
         n = 1 + sum(1 for _ in where.parent.glob(f"{where.name}.interrupted-*"))
         where.rename(where.parent / f"{where.name}.interrupted-{n}")
     argv = [*overrides, *extra, f"hydra.run.dir={hydra_value(str(where))}"]
-    command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()), "python", "run.py",
-                        *map(shlex.quote, argv)])
+    command = run_command(argv, env=env or {})  # as the card shows it: the reference's own settings alone
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"  {command}\n    log: {log}", flush=True)
     start = time.perf_counter()

@@ -826,6 +826,9 @@ def test_publishing_writes_the_commands_that_made_the_rows(tmp_path, monkeypatch
     assert line == "OMP_NUM_THREADS=1 python run.py experiment=smoke_copy 'task.label=two words' " \
                    "task.publish=results/copy/x"
     assert results.run_command(["a=1"], world_size=2).endswith("torchrun --nproc_per_node=2 run.py a=1")
+    # a run started by another with settings of its own (a scorecard's reference): those alone
+    assert results.run_command(["a=1"], env={"REPRO_KERNEL": "torch"}) == "REPRO_KERNEL=torch python run.py a=1"
+    assert results.run_command(["a=1"], env={}) == "python run.py a=1"
     monkeypatch.setenv(results.COMMAND_ENV, line)
     row_ = {"publish": str(tmp_path / "copy" / "x"), **results.provenance(torch.device("cpu"))}
     assert row_["command"] == line
