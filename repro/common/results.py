@@ -180,9 +180,9 @@ def run_command(argv: list[str], world_size: int = 1, env: dict | None = None) -
     run.py adds to it), with the environment settings that change its results: this process's, or
     `env` for a run that another starts with those settings alone."""
     pairs = env.items() if env is not None else ((k, os.environ[k]) for k in RECORDED_ENV if os.environ.get(k))
-    env = [f"{k}={shlex.quote(v)}" for k, v in pairs]
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in pairs]
     start = ["python", "run.py"] if world_size <= 1 else ["torchrun", f"--nproc_per_node={world_size}", "run.py"]
-    return " ".join([*env, *start, *map(shlex.quote, argv)])
+    return " ".join([*prefix, *start, *map(shlex.quote, argv)])
 
 
 def json_text(obj, **kwargs) -> str:
