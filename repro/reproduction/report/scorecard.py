@@ -23,13 +23,11 @@ from repro.reproduction import verdicts
 from repro.reproduction.report import marks
 from repro.reproduction.report.format import code, command, md_table, num
 from repro.reproduction.report.schema import Table
+from repro.tasks.scorecard import PARTS, SUBJECT, TORCH_PATH  # the parts and the runs' roles, as the task names them
 
-PARTS = ("conformance", "figure1", "copy", "mnist", "speech", "generation")
 TITLES = {"conformance": "Conformance", "figure1": "Figure 1: time and memory of one layer against N",
           "copy": "The copy task", "mnist": "MNIST bits/dim", "speech": "Speech recognition (the attention as "
           "the encoder's)", "generation": "Generation (the recurrent form)"}
-SUBJECT = "attention"
-TORCH_PATH = "linear-torch"  # linear on its PyTorch path, beside its fused kernel (task.torch_path)
 CARD, FIGURE, TABLE = "scorecard.md", "scorecard.png", "scorecard.csv"
 
 
